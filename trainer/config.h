@@ -1,0 +1,179 @@
+// The resolved configuration of a dflash run: one struct tree, loaded from YAML, overridden by
+// dotted `key=value` arguments, printed back as YAML.
+//
+// Owns: every key a user can set, its type, default and one-line doc. The schema is the
+// `visit` function of each section: loading, overriding and printing all walk it, so a key
+// exists in exactly one place. Loading is strict: an unknown key is a UserError naming the key
+// path and the keys allowed there; a wrong type names the key, the value and the expected type.
+// Thread-safety: a Config is a plain value; build it once in main and pass it by const ref.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dflash {
+
+struct RunConfig {
+  std::string name = "dflash";
+  std::string dir = "runs/dflash";  // run directory: metrics.jsonl, checkpoints, logs
+  int64_t seed = 42;
+  template <class V> void visit(V& v) {
+    v("name", name, "run name, used in logs");
+    v("dir", dir, "run directory: metrics.jsonl, checkpoints/, exports/, logs/");
+    v("seed", seed, "seed of data order, anchors and initialisation");
+  }
+};
+
+struct LayoutConfig {
+  int64_t target_ranks = 1;
+  int64_t drafter_ranks = 1;
+  bool colocated = false;
+  template <class V> void visit(V& v) {
+    v("target_ranks", target_ranks, "ranks 0..T-1 run the target model");
+    v("drafter_ranks", drafter_ranks, "ranks T..T+D-1 train the drafter (data parallel)");
+    v("colocated", colocated, "one process does both roles in turn (world size 1)");
+  }
+};
+
+struct CommConfig {
+  std::string backend = "auto";  // auto | nccl | mpi
+  double timeout_s = 120;
+  double startup_timeout_s = 600;
+  template <class V> void visit(V& v) {
+    v("backend", backend, "auto (nccl on GPU, mpi on CPU), nccl or mpi");
+    v("timeout_s", timeout_s, "deadline of every blocking operation after start-up");
+    v("startup_timeout_s", startup_timeout_s, "deadline of rendezvous and the first step");
+  }
+};
+
+struct LogConfig {
+  std::string level = "info";
+  int64_t console_rank = 0;
+  bool per_rank_files = false;
+  int64_t interval = 10;
+  template <class V> void visit(V& v) {
+    v("level", level, "debug, info, warn or error");
+    v("console_rank", console_rank, "rank that prints to the console (-1: every rank)");
+    v("per_rank_files", per_rank_files, "also write <run.dir>/logs/rank<N>.log on every rank");
+    v("interval", interval, "optimizer steps between metrics lines");
+  }
+};
+
+struct TargetConfig {
+  std::string model_dir;
+  std::vector<int64_t> layer_ids;  // empty: DFLASH.md §1.1 default rule
+  int64_t num_features = 5;
+  std::string dtype = "auto";  // auto: bf16 on GPU, fp32 on CPU
+  template <class V> void visit(V& v) {
+    v("model_dir", model_dir, "Hugging Face directory of the target (config.json, *.safetensors)");
+    v("layer_ids", layer_ids, "target layers whose outputs are captured (empty: default rule)");
+    v("num_features", num_features, "number of captured layers when layer_ids is empty");
+    v("dtype", dtype, "auto, bfloat16, float16 or float32");
+  }
+};
+
+struct DrafterConfig {
+  int64_t num_layers = 5;
+  int64_t block_size = 16;
+  int64_t num_anchors = 512;
+  int64_t mask_token_id = -1;  // -1: from the target (Qwen3: 151669)
+  double gamma = 0;            // 0: 7 for bs 16, 5 for bs 10, 4 for bs 8 (DFLASH.md §2.4)
+  std::string attention = "sdpa";  // sdpa | kernel
+  int64_t loss_chunk = 2048;       // draft positions per LM-head chunk
+  std::string init_from;           // an exported drafter directory to start from
+  template <class V> void visit(V& v) {
+    v("num_layers", num_layers, "draft decoder layers");
+    v("block_size", block_size, "tokens per block (anchor + block_size-1 predictions)");
+    v("num_anchors", num_anchors, "blocks per sequence per step");
+    v("mask_token_id", mask_token_id, "id of the MASK token (-1: from the target)");
+    v("gamma", gamma, "loss decay; 0 picks DFLASH.md's value for the block size");
+    v("attention", attention, "sdpa (reference path) or kernel (CUDA block-sparse)");
+    v("loss_chunk", loss_chunk, "draft positions per chunk of the fused LM head + CE");
+    v("init_from", init_from, "exported drafter directory to initialise from (empty: random)");
+  }
+};
+
+struct DataConfig {
+  std::vector<std::string> shards;
+  int64_t batch_tokens = 12288;
+  int64_t max_seq_len = 3072;
+  int64_t prefetch = 2;
+  template <class V> void visit(V& v) {
+    v("shards", shards, "token shard files or directories (tools/prepare_data.py)");
+    v("batch_tokens", batch_tokens, "token budget of one batch (documents are packed)");
+    v("max_seq_len", max_seq_len, "longest document; longer ones are truncated");
+    v("prefetch", prefetch, "batches in flight per rank");
+  }
+};
+
+struct TrainConfig {
+  double lr = 6e-4;
+  double warmup_ratio = 0.04;
+  double weight_decay = 0.0;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double grad_clip = 1.0;
+  int64_t epochs = 6;
+  int64_t max_steps = -1;  // -1: epochs decide
+  int64_t grad_accum = 1;
+  template <class V> void visit(V& v) {
+    v("lr", lr, "peak learning rate");
+    v("warmup_ratio", warmup_ratio, "fraction of steps of linear warm-up, then cosine to 0");
+    v("weight_decay", weight_decay, "AdamW weight decay");
+    v("beta1", beta1, "AdamW beta1");
+    v("beta2", beta2, "AdamW beta2");
+    v("eps", eps, "AdamW epsilon");
+    v("grad_clip", grad_clip, "global gradient-norm clip (0: off)");
+    v("epochs", epochs, "passes over the data");
+    v("max_steps", max_steps, "stop after this many optimizer steps (-1: epochs decide)");
+    v("grad_accum", grad_accum, "batches per drafter rank per optimizer step");
+  }
+};
+
+struct CheckpointConfig {
+  int64_t export_every = 1000;
+  int64_t state_every = 1000;
+  int64_t keep_last = 3;
+  template <class V> void visit(V& v) {
+    v("export_every", export_every, "steps between Hugging Face exports (and one at the end)");
+    v("state_every", state_every, "steps between resumable training states");
+    v("keep_last", keep_last, "training states kept");
+  }
+};
+
+struct Config {
+  RunConfig run;
+  LayoutConfig layout;
+  CommConfig comm;
+  LogConfig log;
+  TargetConfig target;
+  DrafterConfig drafter;
+  DataConfig data;
+  TrainConfig train;
+  CheckpointConfig checkpoint;
+  template <class V> void visit(V& v) {
+    v.section("run", run);
+    v.section("layout", layout);
+    v.section("comm", comm);
+    v.section("log", log);
+    v.section("target", target);
+    v.section("drafter", drafter);
+    v.section("data", data);
+    v.section("train", train);
+    v.section("checkpoint", checkpoint);
+  }
+};
+
+// Loads `path` (strict), then applies `overrides` ("a.b=value", value parsed as YAML), then
+// validates cross-field rules that need no files (layout sizes, positive counts).
+// Errors: UserError naming the file, key, value and what was expected.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides);
+// Same from YAML text (tests, embedded defaults); `origin` names it in messages.
+Config parse_config(const std::string& yaml_text, const std::string& origin,
+                    const std::vector<std::string>& overrides);
+// The resolved config as YAML, every key present.
+std::string to_yaml(const Config& cfg);
+
+}  // namespace dflash
