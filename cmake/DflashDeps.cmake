@@ -44,7 +44,13 @@ if(DFLASH_CUDA)
   endif()
 endif()
 
+# LibTorch's CMake warns about CMAKE_CUDA_ARCHITECTURES and uses TORCH_CUDA_ARCH_LIST instead.
+set(_dflash_archs ${CMAKE_CUDA_ARCHITECTURES})
+unset(CMAKE_CUDA_ARCHITECTURES)
 find_package(Torch REQUIRED)
+if(DFLASH_CUDA)
+  set(CMAKE_CUDA_ARCHITECTURES ${_dflash_archs})
+endif()
 if(DFLASH_CUDA AND NOT TARGET torch_cuda AND NOT TORCH_CUDA_LIBRARIES)
   message(STATUS "dflash: LibTorch has no CUDA; building without CUDA parts")
   set(DFLASH_CUDA OFF)
