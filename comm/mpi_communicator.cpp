@@ -109,7 +109,12 @@ void poll(MpiCommunicator& c, std::vector<MPI_Request>& reqs, const BlockedOn& b
     }
     if (done) return;
     c.check_not_aborted(blocked);
-    if (blocked.expired()) blocked.throw_timeout("the peer died, hangs, or is out of step");
+    if (blocked.expired()) {
+      // requests stay posted: the communicator is unusable from here on
+      std::string msg = blocked.timeout_message("the peer died, hangs, or is out of step");
+      c.abort(msg);
+      throw CommError(msg);
+    }
     if (spins > 64) {
       std::this_thread::sleep_for(pause);
       pause = std::min(pause * 2, std::chrono::microseconds(500));

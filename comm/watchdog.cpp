@@ -58,6 +58,7 @@ void write_str(const char* s) {
 }
 
 void on_signal(int sig) {
+  if (g_ending.load()) _exit(kExitComm);  // already failing (its own message is out): just go
   const char* name = sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : "SIGHUP";
   bool any = false;
   for (Slot& s : g_slots) {
