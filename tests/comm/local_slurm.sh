@@ -17,7 +17,6 @@ PORT=${DFLASH_SLURM_PORT:-6917}
 CPUS=${DFLASH_SLURM_CPUS:-8}
 CONF=$DIR/slurm.conf
 PIDFILE=$DIR/pids
-SOCK=$DIR/munge/socket
 
 say() { echo "[local_slurm] $*" >&2; }
 die() {
@@ -25,36 +24,36 @@ die() {
   for f in "$DIR"/log/*.log; do [ -s "$f" ] && { say "--- $f"; tail -n 10 "$f" >&2; }; done
   exit 1
 }
-start_time() { local s; s=$(cat "/proc/$1/stat" 2>/dev/null) || return 0; s=${s##*) }; set -- $s; echo "${20}"; }
+start_time() { local s; s=$(cat "/proc/$1/stat" 2>/dev/null) || return 0; s=${s##*) }; echo "$s" | cut -d" " -f20; }
 state() { local s; s=$(cat "/proc/$1/stat" 2>/dev/null) || return 0; s=${s##*) }; echo "${s%% *}"; }
 running() { [ -n "$1" ] && [ "$(start_time "$1")" = "$2" ] && [ "$(state "$1")" != Z ]; }
 
 remember() {  # name pidfile: wait for the daemon's pid file, record pid + start time
-  local pid="" i
-  for i in $(seq 50); do pid=$(cat "$2" 2>/dev/null || true); [ -n "$pid" ] && [ -d "/proc/$pid" ] && break; sleep 0.1; done
-  [ -n "$pid" ] && [ -d "/proc/$pid" ] || die "$1 did not start (no live pid in $2)"
+  local pid="" _i
+  for _i in $(seq 50); do pid=$(cat "$2" 2>/dev/null || true); [ -n "$pid" ] && [ -d "/proc/$pid" ] && break; sleep 0.1; done
+  if [ -z "$pid" ] || [ ! -d "/proc/$pid" ]; then die "$1 did not start (no live pid in $2)"; fi
   echo "$1 $pid $(start_time "$pid")" >> "$PIDFILE"
 }
 
 is_up() {
   [ -s "$PIDFILE" ] || return 1
-  local name pid st
-  while read -r name pid st; do running "$pid" "$st" || return 1; done < "$PIDFILE"
+  local pid st
+  while read -r _ pid st; do running "$pid" "$st" || return 1; done < "$PIDFILE"
   SLURM_CONF=$CONF scontrol ping >/dev/null 2>&1
 }
 
 do_stop() {
   [ -s "$PIDFILE" ] || { say "not running"; return 0; }
   if is_up; then
-    local jobs; jobs=$(SLURM_CONF=$CONF squeue -h -o %A 2>/dev/null | tr '\n' ' ')
-    if [ -n "${jobs// }" ]; then SLURM_CONF=$CONF scancel $jobs 2>/dev/null || true; sleep 1; fi
+    local -a jobs; mapfile -t jobs < <(SLURM_CONF=$CONF squeue -h -o %A 2>/dev/null)
+    if [ ${#jobs[@]} -gt 0 ]; then SLURM_CONF=$CONF scancel "${jobs[@]}" 2>/dev/null || true; sleep 1; fi
   fi
-  local name pid st i
-  while read -r name pid st; do   # reverse start order: slurmd, slurmctld, munged
+  local _name pid st _i
+  while read -r _name pid st; do   # reverse start order: slurmd, slurmctld, munged
     running "$pid" "$st" || continue
     kill -TERM "$pid" 2>/dev/null || true
-    for i in $(seq 50); do running "$pid" "$st" || break; sleep 0.1; done
-    running "$pid" "$st" && kill -KILL "$pid" 2>/dev/null || true
+    for _i in $(seq 50); do running "$pid" "$st" || break; sleep 0.1; done
+    if running "$pid" "$st"; then kill -KILL "$pid" 2>/dev/null || true; fi
   done < <(tac "$PIDFILE")
   rm -f "$PIDFILE"
   say "stopped"
@@ -113,8 +112,8 @@ CONF
   remember slurmctld "$DIR/run/slurmctld.pid"
   slurmd -f "$CONF" -N localhost || die "slurmd failed"
   remember slurmd "$DIR/run/slurmd.pid"
-  local st="" i
-  for i in $(seq 150); do
+  local st="" _i
+  for _i in $(seq 150); do
     st=$(SLURM_CONF=$CONF sinfo -h -N -o %t 2>/dev/null || true)
     [ "$st" = idle ] && break
     case "$st" in *drain*|*down*) SLURM_CONF=$CONF scontrol update nodename=localhost state=resume 2>/dev/null || true;; esac
