@@ -260,15 +260,7 @@ at::Tensor TargetModel::run_layers(Pass& pass) const {
     const Layer& w = layers_[l];
     at::Tensor h = ops::rms_norm(x, w.input_norm, eps);
     at::Tensor qkv = at::mm(h, w.wqkv.t());  // [T, (nq + 2 nkv) hd]
-    at::Tensor q = qkv.narrow(1, 0, nq * hd).view({T, nq, hd});
-    at::Tensor k = qkv.narrow(1, nq * hd, nkv * hd).view({T, nkv, hd});
-    at::Tensor v = qkv.narrow(1, (nq + nkv) * hd, nkv * hd).view({T, nkv, hd});
-    if (c.qk_norm) {
-      q = ops::rms_norm(q, w.q_norm, eps);
-      k = ops::rms_norm(k, w.k_norm, eps);
-    }
-    q = ops::rope(q, pass.cos, pass.sin);
-    k = ops::rope(k, pass.cos, pass.sin);
+    auto [q, k, v] = ops::qkv_heads(qkv, nq, nkv, hd, w.q_norm, w.k_norm, eps, pass.cos, pass.sin);
 
     at::Tensor attn;
     if (!pass.decode) {

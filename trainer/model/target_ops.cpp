@@ -3,6 +3,14 @@
 
 #include <ATen/ATen.h>
 
+#include "comm/error.h"
+
+#ifdef DFLASH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+
+#include "trainer/model/target_kernels.h"
+#endif
+
 namespace dflash::model::ops {
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
@@ -40,7 +48,60 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
   return out.to(x.scalar_type());
 }
 
+#ifdef DFLASH_CUDA
+namespace {
+kernels::DType kernel_dtype(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kBFloat16: return kernels::DType::BF16;
+    case at::kHalf: return kernels::DType::F16;
+    case at::kFloat: return kernels::DType::F32;
+    default: DFLASH_CHECK(false, "target kernels: unsupported dtype {}", c10::toString(t.scalar_type()));
+  }
+  return kernels::DType::F32;
+}
+}  // namespace
+#endif
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_heads(at::Tensor& qkv, int64_t nq, int64_t nkv,
+                                                         int64_t hd, const at::Tensor& q_norm,
+                                                         const at::Tensor& k_norm, double eps,
+                                                         const at::Tensor& cos,
+                                                         const at::Tensor& sin) {
+  const int64_t T = qkv.size(0);
+  auto view = [&](int64_t head0, int64_t heads) {
+    return qkv.narrow(1, head0 * hd, heads * hd).view({T, heads, hd});
+  };
+#ifdef DFLASH_CUDA
+  if (qkv.is_cuda() && hd <= 256 && qkv.stride(1) == 1) {
+    DFLASH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.scalar_type() == at::kFloat,
+                 "qkv_heads: cos/sin must be contiguous float32");
+    DFLASH_CHECK(!q_norm.defined() || (q_norm.is_contiguous() && q_norm.scalar_type() == qkv.scalar_type()),
+                 "qkv_heads: q_norm must be contiguous and of qkv's dtype");
+    kernels::qk_norm_rope(qkv.data_ptr(), T, qkv.stride(0), int(nq), int(nkv), int(hd),
+                          q_norm.defined() ? q_norm.data_ptr() : nullptr,
+                          k_norm.defined() ? k_norm.data_ptr() : nullptr, float(eps),
+                          cos.data_ptr<float>(), sin.data_ptr<float>(), kernel_dtype(qkv),
+                          at::cuda::getCurrentCUDAStream());
+    return {view(0, nq), view(nq, nkv), view(nq + nkv, nkv)};
+  }
+#endif
+  at::Tensor q = view(0, nq), k = view(nq, nkv), v = view(nq + nkv, nkv);
+  if (q_norm.defined()) {
+    q = rms_norm(q, q_norm, eps);
+    k = rms_norm(k, k_norm, eps);
+  }
+  return {rope(q, cos, sin), rope(k, cos, sin), v};
+}
+
 at::Tensor silu_mul(const at::Tensor& gu, int64_t I) {
+#ifdef DFLASH_CUDA
+  if (gu.is_cuda() && gu.is_contiguous()) {
+    at::Tensor out = at::empty({gu.size(0), I}, gu.options());
+    kernels::silu_mul(gu.data_ptr(), out.data_ptr(), gu.size(0), I, kernel_dtype(gu),
+                      at::cuda::getCurrentCUDAStream());
+    return out;
+  }
+#endif
   return at::silu(gu.narrow(1, 0, I)) * gu.narrow(1, I, I);
 }
 

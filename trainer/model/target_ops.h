@@ -25,6 +25,16 @@ std::tuple<at::Tensor, at::Tensor> rope_cos_sin(const at::Tensor& positions, con
 // contiguous tensor in x's dtype (computed in float32).
 at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
+// Splits the fused projection qkv [T, (nq + 2 nkv) * hd] into q [T, nq, hd], k and v
+// [T, nkv, hd], with the per-head RMSNorm (q_norm/k_norm defined: qwen3) and RoPE applied to q
+// and k. On CUDA this runs one kernel in place on qkv and returns views of it (row stride
+// (nq + 2 nkv) * hd); on CPU it mirrors transformers' arithmetic and returns new tensors.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_heads(at::Tensor& qkv, int64_t nq, int64_t nkv,
+                                                         int64_t hd, const at::Tensor& q_norm,
+                                                         const at::Tensor& k_norm, double eps,
+                                                         const at::Tensor& cos,
+                                                         const at::Tensor& sin);
+
 // silu(gu[:, :I]) * gu[:, I:] for gu [T, 2I]: [T, I].
 at::Tensor silu_mul(const at::Tensor& gu, int64_t I);
 
