@@ -7,6 +7,15 @@
 #include "attention/reference.h"
 #include "comm/error.h"
 
+// The kernel's entry points exist when attention/kernel_cuda.cpp is built (CUDA builds).
+// (__has_include: the kernel sources land on main separately from this file.)
+#if DFLASH_ATTENTION_KERNEL && __has_include("attention/kernel_cuda.cpp")
+#define DFLASH_HAVE_KERNEL 1
+#include "attention/kernel.h"
+#else
+#define DFLASH_HAVE_KERNEL 0
+#endif
+
 namespace dflash::attention {
 namespace {
 
@@ -48,7 +57,9 @@ void validate(const MaskSpec& s) {
 
 }  // namespace
 
+#if !DFLASH_HAVE_KERNEL
 bool kernel_available() { return false; }
+#endif
 
 Prepared prepare(const MaskSpec& spec, Backend backend, at::ScalarType dtype, at::Device device) {
   validate(spec);
@@ -61,6 +72,9 @@ Prepared prepare(const MaskSpec& spec, Backend backend, at::ScalarType dtype, at
     if (!kernel_available())
       throw_user("attention: the CUDA block-sparse kernel is not built into this binary "
                  "(drafter.attention=kernel); use drafter.attention=sdpa");
+#if DFLASH_HAVE_KERNEL
+    p.kernel_meta = kernel_prepare_meta(spec, device);
+#endif
     return p;
   }
   // Keys padded to a multiple of 128; if some block is dropped (keep=false) its rows need one
@@ -85,8 +99,13 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                dims(q.sizes()), p.kv_len);
   if (q.size(1) % k.size(1) != 0)
     throw_user("attention: {} query heads are not a multiple of {} kv heads", q.size(1), k.size(1));
-  if (p.backend == Backend::Kernel)
+  if (p.backend == Backend::Kernel) {
+#if DFLASH_HAVE_KERNEL
+    return kernel_attend(q, k, v, p);
+#else
     throw_user("attention: the CUDA block-sparse kernel is not built into this binary");
+#endif
+  }
   if (p.dense_mask.scalar_type() != q.scalar_type())
     throw_user("attention: mask prepared for {} but q is {}", c10::toString(p.dense_mask.scalar_type()),
                c10::toString(q.scalar_type()));

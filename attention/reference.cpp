@@ -24,11 +24,11 @@ at::Tensor visibility(const MaskSpec& spec, int64_t kv_total, at::Device device,
   auto re = ce.index_select(1, qblk).view({B, Q, 1});
   auto rk = keep.index_select(1, qblk).view({B, Q, 1});
   auto key = at::arange(kv_total, lopt).view({1, 1, kv_total});
-  auto ctx = key.lt(C).logical_and_(key.ge(rb)).logical_and_(key.lt(re));          // STRICT: < anchor
+  auto ctx = key.ge(rb).logical_and(key.lt(re)).logical_and_(key.lt(C));  // STRICT: < anchor
   auto kblk = (key - C).div(bs, "floor");
-  auto blk = key.ge(C).logical_and_(key.lt(C + Q)).logical_and_(kblk.eq(qblk.view({1, Q, 1})));
-  auto vis = ctx.logical_or_(blk).logical_and_(rk);
-  if (sink >= 0) vis.logical_or_(rk.logical_not().logical_and_(key.eq(sink)));
+  auto blk = kblk.eq(qblk.view({1, Q, 1})).logical_and_(key.ge(C)).logical_and_(key.lt(C + Q));
+  auto vis = ctx.logical_or_(blk).logical_and_(rk);  // [B, Q, KV]
+  if (sink >= 0) vis.logical_or_(rk.logical_not().logical_and(key.eq(sink)));
   return vis;
 }
 

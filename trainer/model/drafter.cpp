@@ -342,7 +342,8 @@ StepOutput Drafter::forward_blocks(const DrafterBatch& batch, const Blocks& bloc
   auto coef = (wd.index_select(0, sel) / (out.weight_sum + 1e-6)).to(at::kFloat).to(device_);
   auto labels = in.labels.reshape({-1}).index_select(0, sel).to(device_);
   auto hs = h.reshape({B * Q, h.size(2)}).index_select(0, sel.to(device_));
-  CeResult ce = opt.loss_chunk > 0 ? fused_linear_ce(hs, lm_head_, labels, coef, opt.loss_chunk)
+  CeResult ce = opt.loss_chunk > 0 ? fused_linear_ce(hs, lm_head_, labels, coef, opt.loss_chunk,
+                                                     opt.recompute_loss ? CeMode::Recompute : CeMode::GradInForward)
                                    : plain_linear_ce(hs, lm_head_, labels, coef);
   out.loss = ce.loss;
   out.loss_value = ce.loss.detach().item<double>();

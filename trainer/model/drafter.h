@@ -103,6 +103,7 @@ struct StepOptions {
   double gamma = 0;        // 0: resolve_gamma's default
   int64_t loss_chunk = 2048;  // positions per LM-head chunk; <= 0: unfused (full logits, autograd)
   int64_t min_blocks = 0;     // pad N to at least this (steady shapes)
+  bool recompute_loss = false;  // fused CE: recompute logits in the backward (loss.h CeMode)
 };
 
 // Result of one batch. The sums are what data-parallel ranks all-reduce.
