@@ -8,6 +8,11 @@
 //     Runs forward + backward in fp32 on the CPU; OUT: loss, grad.<name> of every parameter,
 //     correct_per_pos / count_per_pos, tau_sum / tau_blocks, weight_sum, n_tokens, the blocks
 //     used (blocks.*), the dense boolean mask (mask), and logits (metadata logits=1).
+//   drafter_tool export IN.safetensors DIR      the parameters of IN (spec from its metadata) -> DIR
+//   drafter_tool import DIR IN.safetensors OUT  import DIR for the target described by IN's
+//     metadata (target_hidden_size / target_vocab_size / target_num_layers, default: the spec's),
+//     then OUT: logits of IN's batch and blocks (fp32)
+//   drafter_tool config8b OUT.json              config.json of a Qwen3-8B drafter (DFLASH.md §5)
 // Errors: UserError -> message on stderr, exit 2.
 #include <cstdio>
 #include <map>
@@ -20,6 +25,7 @@
 #include "comm/error.h"
 #include "trainer/model/anchors.h"
 #include "trainer/model/drafter.h"
+#include "trainer/model/export.h"
 #include "trainer/model/safetensors.h"
 
 using namespace dflash;
@@ -74,20 +80,53 @@ std::vector<DocBounds> docs_from(const st::SafeTensors& f) {
   return docs;
 }
 
-int run_case(const std::string& in_path, const std::string& out_path) {
-  auto f = st::SafeTensors::open(in_path);
-  const auto& m = f.metadata();
-  auto spec = spec_from_meta(m);
-  Drafter drafter(spec, at::kCPU, at::kFloat);
+Drafter drafter_from(const st::SafeTensors& f) {
+  Drafter drafter(spec_from_meta(f.metadata()), at::kCPU, at::kFloat);
   for (auto& [name, t] : drafter.named_parameters()) drafter.load_param(name, f.load(name, at::kFloat, at::kCPU));
-  drafter.set_target_weights(f.load("target.embed", at::kFloat, at::kCPU), f.load("target.lm_head", at::kFloat, at::kCPU));
+  return drafter;
+}
 
+DrafterBatch batch_from(const st::SafeTensors& f) {
+  const auto& m = f.metadata();
   DrafterBatch batch;
   batch.ids = f.load("batch.ids", at::kLong, at::kCPU);
   batch.loss_mask = f.load("batch.loss_mask", at::kLong, at::kCPU);
   batch.features = f.load("batch.features", at::kFloat, at::kCPU);
   batch.docs = docs_from(f);
   batch.global_batch_index = std::stoll(meta(m, "batch_index", "0"));
+  return batch;
+}
+
+int run_export(const std::string& in_path, const std::string& dir) {
+  auto f = st::SafeTensors::open(in_path);
+  export_drafter(drafter_from(f), dir);
+  return 0;
+}
+
+int run_import(const std::string& dir, const std::string& in_path, const std::string& out_path) {
+  auto f = st::SafeTensors::open(in_path);
+  const auto& m = f.metadata();
+  TargetInfo t;
+  t.hidden_size = std::stoll(meta(m, "target_hidden_size", meta(m, "hidden_size")));
+  t.vocab_size = std::stoll(meta(m, "target_vocab_size", meta(m, "vocab_size")));
+  t.num_layers = std::stoll(meta(m, "target_num_layers", meta(m, "num_target_layers")));
+  auto drafter = import_drafter(dir, t, at::kCPU, at::kFloat);
+  drafter.set_target_weights(f.load("target.embed", at::kFloat, at::kCPU), f.load("target.lm_head", at::kFloat, at::kCPU));
+  auto batch = batch_from(f);
+  auto blocks = blocks_from_anchors(f.load("blocks.anchor", at::kLong, at::kCPU), f.load("blocks.keep", at::kBool, at::kCPU),
+                                    batch.docs, batch.ids.size(1), drafter.spec().block_size);
+  at::NoGradGuard ng;
+  st::save(out_path, {{"logits", drafter.logits(batch, blocks)}});
+  return 0;
+}
+
+int run_case(const std::string& in_path, const std::string& out_path) {
+  auto f = st::SafeTensors::open(in_path);
+  const auto& m = f.metadata();
+  auto drafter = drafter_from(f);
+  const auto& spec = drafter.spec();
+  drafter.set_target_weights(f.load("target.embed", at::kFloat, at::kCPU), f.load("target.lm_head", at::kFloat, at::kCPU));
+  DrafterBatch batch = batch_from(f);
 
   StepOptions opt;
   opt.gamma = std::stod(meta(m, "gamma", "0"));
@@ -144,8 +183,23 @@ int run_case(const std::string& in_path, const std::string& out_path) {
 
 int main(int argc, char** argv) {
   try {
-    if (argc == 4 && std::string(argv[1]) == "case") return run_case(argv[2], argv[3]);
-    std::fprintf(stderr, "usage: drafter_tool case IN.safetensors OUT.safetensors\n");
+    const std::string cmd = argc > 1 ? argv[1] : "";
+    if (argc == 4 && cmd == "case") return run_case(argv[2], argv[3]);
+    if (argc == 4 && cmd == "export") return run_export(argv[2], argv[3]);
+    if (argc == 5 && cmd == "import") return run_import(argv[2], argv[3], argv[4]);
+    if (argc == 3 && cmd == "config8b") {
+      DrafterSpec s;
+      s.hidden_size = 4096, s.intermediate_size = 12288, s.num_layers = 5, s.num_heads = 32, s.num_kv_heads = 8;
+      s.head_dim = 128, s.vocab_size = 151936, s.block_size = 16, s.target_layer_ids = default_target_layer_ids(36, 5);
+      s.num_target_layers = 36, s.mask_token_id = 151669, s.bos_token_id = 151643, s.eos_token_id = 151645;
+      s.validate("qwen3-8b drafter");
+      std::FILE* out = std::fopen(argv[2], "w");
+      if (!out) throw_user("cannot write {}", argv[2]);
+      std::fputs(drafter_config_json(s).c_str(), out);
+      std::fclose(out);
+      return 0;
+    }
+    std::fprintf(stderr, "usage: drafter_tool case|export|import|config8b ...\n");
     return 1;
   } catch (const UserError& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
