@@ -7,9 +7,11 @@
 # On the H200 machines LibTorch is the system python3's torch. NVLink multicast stays off.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-$PWD/gpu-out}
+FINAL_OUT=${OUT:-$PWD/gpu-out}
+OUT=/tmp/dflash-gpu-logs            # the device tool returns at most 8 files: logs go in one tarball
 BUILD=${DFLASH_GPU_BUILD:-/tmp/dflash-gpu-build}
-mkdir -p "$OUT"
+rm -rf "$OUT"; mkdir -p "$OUT" "$FINAL_OUT"
+trap 'tar czf "$FINAL_OUT/gpu-logs.tgz" -C "$OUT" . 2>/dev/null' EXIT
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 source tools/mpi_env.sh
 {
