@@ -1,0 +1,111 @@
+// Block-sparse DFlash attention kernel: the plain parameter structs the CUDA kernels see, their
+// launch functions, and (outside nvcc) the LibTorch-facing entry points the dispatcher calls.
+//
+// Owns: the kernel's mask metadata ("kernel_meta") and the forward/backward launches. Built only
+// with CUDA (attention/kernel_cuda.cpp, attention/kernel/*.cu). Without CUDA none of these
+// symbols exist: callers guard with `#if DFLASH_ATTENTION_KERNEL` (defined by attention/CMake),
+// and `kernel_available()` (declared in dflash_attention.h) is defined in kernel_cuda.cpp when
+// the kernel is built and must be defined `return false` by dflash_attention.cpp otherwise.
+//
+// Mask (DFLASH.md §2.3, dflash_attention.h): query row r of batch row b belongs to block
+// j = r / bs and sees context keys [ctx_begin, min(ctx_end, C)) of that block and the keys
+// [C + j*bs, C + (j+1)*bs) of its own block; a block with keep=false sees nothing (output 0,
+// LSE = -inf, zero gradients). Any block order is correct; blocks sorted by (ctx_begin, ctx_end)
+// make the per-tile key ranges tight (the speed of the kernel depends on it).
+//
+// Metadata (one int32 CUDA tensor, built on the GPU without a host sync by kernel_prepare_meta):
+//   rows   [B, nqt*kTileQ, 4]  per query row: ctx_lo, ctx_hi, blk_lo, blk_hi (empty = lo == hi)
+//   qtiles [B, nqt, 4]         per 64-row query tile: union key ranges ctx [lo,hi), blk [lo,hi)
+//   ktiles [B, nkt, 2]         per 64-key tile: first and one-past-last query tile that sees it
+// Numerics: bf16 inputs, fp32 accumulation; LSE in natural log; scale = d^-0.5.
+// Thread-safety: launches are stream-ordered on the current CUDA stream; no global state.
+#pragma once
+
+#include <cstdint>
+
+namespace dflash::attention {
+
+constexpr int kTileQ = 64;   // query rows per tile (metadata granularity)
+constexpr int kTileK = 64;   // keys per tile
+
+// Pointers to one metadata tensor's three parts, and the sizes they were built for.
+struct KernelMeta {
+  const int32_t* rows = nullptr;    // [B, nqt*kTileQ, 4]
+  const int32_t* qtiles = nullptr;  // [B, nqt, 4]
+  const int32_t* ktiles = nullptr;  // [B, nkt, 2]
+  int nqt = 0, nkt = 0;
+};
+
+// Number of int32 elements of a metadata tensor for B rows, q_len queries and kv_len keys.
+inline int64_t kernel_meta_numel(int64_t B, int64_t q_len, int64_t kv_len) {
+  const int64_t nqt = (q_len + kTileQ - 1) / kTileQ, nkt = (kv_len + kTileK - 1) / kTileK;
+  return B * (nqt * kTileQ * 4 + nqt * 4 + nkt * 2);
+}
+
+// Strides are in elements; the last dimension (head dim) is contiguous; row strides are
+// multiples of 8 and base pointers 16-byte aligned (checked by kernel_cuda.cpp).
+struct AttnParams {
+  const void* q = nullptr;   // bf16 [B, Hq, q_len, d]
+  const void* k = nullptr;   // bf16 [B, Hkv, kv_len, d]
+  const void* v = nullptr;   // bf16 [B, Hkv, kv_len, d]
+  void* o = nullptr;         // bf16 [B, Hq, q_len, d]   (forward output, backward input)
+  float* lse = nullptr;      // fp32 [B, Hq, q_len] contiguous, natural log (-inf: no key)
+  // backward only
+  const void* dout = nullptr;  // bf16 [B, Hq, q_len, d]
+  float* delta = nullptr;      // fp32 [B, Hq, q_len] contiguous: rowsum(dO * O)
+  void* dq = nullptr;          // bf16 [B, Hq, q_len, d]
+  void* dk = nullptr;          // bf16 [B, Hkv, kv_len, d]
+  void* dv = nullptr;          // bf16 [B, Hkv, kv_len, d]
+  int64_t q_sb = 0, q_sh = 0, q_sr = 0;
+  int64_t k_sb = 0, k_sh = 0, k_sr = 0;
+  int64_t v_sb = 0, v_sh = 0, v_sr = 0;
+  int64_t o_sb = 0, o_sh = 0, o_sr = 0;
+  int64_t do_sb = 0, do_sh = 0, do_sr = 0;
+  int64_t dq_sb = 0, dq_sh = 0, dq_sr = 0;
+  int64_t dk_sb = 0, dk_sh = 0, dk_sr = 0;
+  int64_t dv_sb = 0, dv_sh = 0, dv_sr = 0;
+  int B = 0, Hq = 0, Hkv = 0, q_len = 0, kv_len = 0, d = 0;
+  float scale = 0.f;
+  KernelMeta meta;
+};
+
+// Inputs of the metadata builder. ctx_begin/ctx_end int32 [B, N], keep uint8 [B, N], on the GPU.
+struct MetaParams {
+  const int32_t* ctx_begin = nullptr;
+  const int32_t* ctx_end = nullptr;
+  const uint8_t* keep = nullptr;
+  int32_t* out = nullptr;  // kernel_meta_numel(B, N*bs, C + N*bs) int32
+  int B = 0, N = 0, block_size = 0, ctx_len = 0;
+};
+
+// Launches on `stream` (a cudaStream_t). They throw std::runtime_error on a launch error.
+void launch_build_meta(const MetaParams& p, void* stream);
+KernelMeta meta_view(const int32_t* meta, int B, int q_len, int kv_len);
+void launch_attn_fwd(const AttnParams& p, void* stream);
+void launch_attn_bwd(const AttnParams& p, void* stream);  // delta, then dQ, then dK/dV
+
+}  // namespace dflash::attention
+
+#ifndef __CUDACC__
+#include <ATen/core/Tensor.h>
+
+#include "attention/dflash_attention.h"
+
+namespace dflash::attention {
+
+// Builds the kernel metadata of `spec` on `device` (a CUDA device): int32 [kernel_meta_numel].
+// Validates the spec's shapes (throws dflash::UserError naming the field). No host sync.
+at::Tensor kernel_prepare_meta(const MaskSpec& spec, at::Device device);
+
+// out [B, Hq, N*bs, d] bf16; differentiable in q, k, v (an autograd Function whose backward
+// runs the kernel's backward). q, k, v: bf16 CUDA tensors with a contiguous last dimension,
+// d in {64, 128}; p.kernel_meta from kernel_prepare_meta of p.spec.
+at::Tensor kernel_attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                         const Prepared& p);
+
+// The forward alone, for tests and benchmarks: returns {out, lse [B, Hq, q_len] fp32}.
+std::tuple<at::Tensor, at::Tensor> kernel_forward(const at::Tensor& q, const at::Tensor& k,
+                                                  const at::Tensor& v, const Prepared& p);
+
+}  // namespace dflash::attention
+#endif
