@@ -81,18 +81,25 @@ void expect_message(const Message& got, const Message& want) {
 }  // namespace
 
 // Every rank sends 20 messages to its right neighbour and receives 20 from its left one,
-// with several sends and receives outstanding; receive handles are waited newest first, so
-// a message may only match its own handle (not the order of waits).
+// with all 20 sends and receives outstanding; receive handles are waited newest first, so a
+// message may only match its own handle (not the order of waits). Two phases (even senders,
+// then odd senders), so that no rank has sends and receives queued towards the same peer at
+// once: the one-way pattern of the pipeline, which NCCL needs (nccl_communicator.cpp).
 TEST(CommMpi, RingMessagesAllDtypesInOrder) {
   const int n = 20;
   int right = (R() + 1) % W(), left = (R() - 1 + W()) % W();
-  std::vector<HandlePtr> sends, recvs;
-  for (int64_t b = 0; b < n; ++b) {
-    sends.push_back(g_comm->isend(right, on_dev(ring_message(R(), b))));
-    recvs.push_back(g_comm->irecv(left, b));
+  for (int phase = 0; phase < 2; ++phase) {
+    std::vector<HandlePtr> sends, recvs;
+    int64_t base = phase * n;
+    if (R() % 2 == phase)
+      for (int64_t b = 0; b < n; ++b) sends.push_back(g_comm->isend(right, on_dev(ring_message(R(), base + b))));
+    if (left % 2 == phase && left != R())
+      for (int64_t b = 0; b < n; ++b) recvs.push_back(g_comm->irecv(left, base + b));
+    for (int64_t b = static_cast<int64_t>(recvs.size()) - 1; b >= 0; --b)
+      expect_message(recvs[b]->take(), ring_message(left, base + b));
+    for (auto& h : sends) h->wait();
+    g_comm->barrier();
   }
-  for (int64_t b = n - 1; b >= 0; --b) expect_message(recvs[b]->take(), ring_message(left, b));
-  for (auto& h : sends) h->wait();
 }
 
 // Messages of 0 bytes up to 256 MB from rank 0 to rank 1 (a blocking send/recv pair).
