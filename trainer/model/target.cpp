@@ -202,6 +202,43 @@ TargetModel TargetModel::load(const std::string& dir, at::ScalarType dtype, at::
   return m;
 }
 
+TargetModel TargetModel::random(const HfConfig& cfg, at::ScalarType dtype, at::Device device,
+                                uint64_t seed, double std) {
+  c10::InferenceMode guard;
+  TargetModel m;
+  m.cfg_ = cfg;
+  m.dtype_ = dtype;
+  m.device_ = device;
+  at::Generator gen = at::globalContext().defaultGenerator(device);
+  {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_current_seed(seed);
+  }
+  auto opt = at::TensorOptions().dtype(dtype).device(device);
+  auto lin = [&](std::vector<int64_t> shape) { return at::normal(0.0, std, shape, gen, opt); };
+  auto norm = [&](int64_t n) { return at::normal(1.0, 0.1, {n}, gen, opt); };
+  const int64_t H = cfg.hidden_size, I = cfg.intermediate_size;
+  m.embed_ = lin({cfg.vocab_size, H});
+  for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
+    Layer w;
+    w.input_norm = norm(H);
+    w.post_norm = norm(H);
+    if (cfg.qk_norm) {
+      w.q_norm = norm(cfg.head_dim);
+      w.k_norm = norm(cfg.head_dim);
+    }
+    w.wqkv = lin({cfg.q_dim() + 2 * cfg.kv_dim(), H});
+    w.wo = lin({H, cfg.q_dim()});
+    w.w_gate_up = lin({2 * I, H});
+    w.w_down = lin({H, I});
+    m.layers_.push_back(std::move(w));
+  }
+  m.norm_ = norm(H);
+  m.lm_head_ = cfg.tie_word_embeddings ? m.embed_ : lin({cfg.vocab_size, H});
+  m.inv_freq_ = rope_inv_freq(cfg).to(device);
+  return m;
+}
+
 // ---- forward ---------------------------------------------------------------------------------
 
 // One pass over a set of tokens. Packed mode: documents given by cu_seqlens. Decode mode: one

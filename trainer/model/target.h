@@ -39,6 +39,11 @@ class TargetModel {
   static TargetModel load(const std::string& dir, at::ScalarType dtype, at::Device device,
                           const TargetLoadOptions& opts = {});
 
+  // A model with random weights (benchmarks, GPU tests): linear and embedding weights
+  // ~ N(0, std^2), norm weights 1 + N(0, 0.1^2). Deterministic for a seed on one device type.
+  static TargetModel random(const HfConfig& cfg, at::ScalarType dtype, at::Device device,
+                            uint64_t seed, double std = 0.02);
+
   const HfConfig& config() const { return cfg_; }
   at::ScalarType dtype() const { return dtype_; }
   at::Device device() const { return device_; }
@@ -66,7 +71,7 @@ class TargetModel {
   std::vector<std::vector<int64_t>> generate(const std::vector<std::vector<int64_t>>& prompts,
                                              int64_t max_new_tokens, bool stop_at_eos) const;
 
-  // The layers' weights (fused), for tests and benchmarks.
+  // The weights (fused), for tests, benchmarks and checkpoint writers.
   struct Layer {
     at::Tensor input_norm, post_norm;  // [H]
     at::Tensor q_norm, k_norm;         // [head_dim] (qwen3 only)
@@ -75,6 +80,11 @@ class TargetModel {
     at::Tensor w_gate_up;              // [2 I, H]
     at::Tensor w_down;                 // [H, I]
   };
+
+  const std::vector<Layer>& layers() const { return layers_; }
+  const at::Tensor& embed_tokens() const { return embed_; }
+  const at::Tensor& final_norm() const { return norm_; }
+  const at::Tensor& lm_head() const { return lm_head_; }
 
  private:
   struct Pass;
