@@ -5,13 +5,19 @@ from DFLASH_TARGET_GPU_CKPT, or is written by `target_bench write-checkpoint` in
 directory. Three documents of different lengths are packed into one stream for dflash
 (layer ids 1, 9, 17, 25, 33); transformers runs each document alone.
 
-Error measure: rel_err(a, b) = max|a - b| / max|b| per captured layer. Tolerance 1e-2 against
-transformers in bf16: two bf16 implementations differ by rounding (bf16 has 8 mantissa bits,
-~4e-3 relative per rounding, and the kernels round at different points: fused vs separate
-norms, RoPE in fp32 vs bf16, GEMM epilogues), which stays well under 1e-2 of the max-norm on
-these random weights, while any real defect (wrong RoPE, mask, norm, head layout) gives errors
-of order 1. transformers in float32 serves as the gold: dflash-bf16's distance to it must not
-exceed 1.5x that of transformers-bf16 (+1e-3), i.e. dflash rounds no worse than transformers.
+Error measures per captured layer: fro(a, b) = ||a - b||_2 / ||b||_2 over all elements, and
+maxn(a, b) = max|a - b| / max|b|. Pass criteria:
+1. fro(dflash, transformers-bf16) < 1e-2 (the issue's bar). Two bf16 implementations round at
+   different points (fused vs separate norms, RoPE in fp32 vs bf16, GEMM epilogues; bf16 has 8
+   mantissa bits, ~4e-3 per rounding), and a deep random network amplifies such differences;
+   the norm-wise error (as METHOD.md recommends for bf16) measures that noise, 1e-2 is its bf16
+   band, and any real defect (wrong RoPE, mask, norm, head layout) gives errors of order 1.
+2. transformers in float32 is the gold: maxn(dflash, gold) <= 1.5 * maxn(transformers-bf16,
+   gold) + 1e-3, i.e. dflash rounds no worse than transformers does, in the strict max-norm.
+(A first run on an H200 with unscaled random init, 2026-11-29, measured maxn(transformers-bf16,
+gold) of 1.5e-2 at layer 1 growing to 5.6e-2 at layer 33, dflash 1.2e-2 .. 4.5e-2: a max-norm
+bar of 1e-2 against transformers-bf16 cannot hold for any implementation that is not bit-exact
+with it on such weights; the random model now uses GPT-2's scaled init for o_proj/down_proj.)
 """
 import os
 import subprocess
@@ -27,8 +33,12 @@ LAYER_IDS = [1, 9, 17, 25, 33]
 DOC_LENS = [1500, 2048, 517]
 
 
-def rel_err(a, b):
+def maxn(a, b):
     return ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
+
+
+def fro(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
 @pytest.fixture(scope="module")
@@ -81,14 +91,17 @@ def test_capture_matches_transformers_bf16(ckpt, tmp_path):
     hf16 = hf_captures(ckpt, torch.bfloat16, docs)
     gold = hf_captures(ckpt, torch.float32, docs)
     H = 4096
-    print(f"{'layer':>5} {'dflash vs hf-bf16':>18} {'dflash vs hf-fp32':>18} {'hf-bf16 vs hf-fp32':>19} {'max|ref|':>9}")
+    print(f"{'layer':>5} {'fro dfl/hf16':>13} {'maxn dfl/hf16':>14} {'maxn dfl/fp32':>14} "
+          f"{'maxn hf16/fp32':>15} {'fro hf16/fp32':>14} {'max|ref|':>9}")
     failures = []
     for k, i in enumerate(LAYER_IDS):
         sl = slice(k * H, (k + 1) * H)
-        e16, eg, hg = rel_err(ours[:, sl], hf16[:, sl]), rel_err(ours[:, sl], gold[:, sl]), rel_err(hf16[:, sl], gold[:, sl])
-        print(f"{i:>5} {e16:>18.2e} {eg:>18.2e} {hg:>19.2e} {gold[:, sl].abs().max().item():>9.3g}")
-        if not (e16 < 1e-2):
-            failures.append(f"layer {i}: dflash vs transformers bf16 rel err {e16:.3g} >= 1e-2")
-        if not (eg <= 1.5 * hg + 1e-3):
-            failures.append(f"layer {i}: dflash vs fp32 gold {eg:.3g} > 1.5 x transformers-bf16's {hg:.3g} + 1e-3")
+        o, h, gd = ours[:, sl], hf16[:, sl], gold[:, sl]
+        f16, m16, mg, hg = fro(o, h), maxn(o, h), maxn(o, gd), maxn(h, gd)
+        print(f"{i:>5} {f16:>13.2e} {m16:>14.2e} {mg:>14.2e} {hg:>15.2e} {fro(h, gd):>14.2e} "
+              f"{gd.abs().max().item():>9.3g}")
+        if not (f16 < 1e-2):
+            failures.append(f"layer {i}: fro(dflash, transformers-bf16) {f16:.3g} >= 1e-2")
+        if not (mg <= 1.5 * hg + 1e-3):
+            failures.append(f"layer {i}: maxn(dflash, fp32 gold) {mg:.3g} > 1.5 x transformers-bf16's {hg:.3g} + 1e-3")
     assert not failures, failures

@@ -218,6 +218,7 @@ TargetModel TargetModel::random(const HfConfig& cfg, at::ScalarType dtype, at::D
   auto lin = [&](std::vector<int64_t> shape) { return at::normal(0.0, std, shape, gen, opt); };
   auto norm = [&](int64_t n) { return at::normal(1.0, 0.1, {n}, gen, opt); };
   const int64_t H = cfg.hidden_size, I = cfg.intermediate_size;
+  const double out_scale = 1.0 / std::sqrt(2.0 * double(cfg.num_hidden_layers));
   m.embed_ = lin({cfg.vocab_size, H});
   for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
     Layer w;
@@ -228,9 +229,9 @@ TargetModel TargetModel::random(const HfConfig& cfg, at::ScalarType dtype, at::D
       w.k_norm = norm(cfg.head_dim);
     }
     w.wqkv = lin({cfg.q_dim() + 2 * cfg.kv_dim(), H});
-    w.wo = lin({H, cfg.q_dim()});
+    w.wo = lin({H, cfg.q_dim()}).mul_(out_scale);
     w.w_gate_up = lin({2 * I, H});
-    w.w_down = lin({H, I});
+    w.w_down = lin({H, I}).mul_(out_scale);
     m.layers_.push_back(std::move(w));
   }
   m.norm_ = norm(H);

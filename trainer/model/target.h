@@ -39,8 +39,10 @@ class TargetModel {
   static TargetModel load(const std::string& dir, at::ScalarType dtype, at::Device device,
                           const TargetLoadOptions& opts = {});
 
-  // A model with random weights (benchmarks, GPU tests): linear and embedding weights
-  // ~ N(0, std^2), norm weights 1 + N(0, 0.1^2). Deterministic for a seed on one device type.
+  // A model with random weights (benchmarks, GPU tests): embedding and input-side linear
+  // weights ~ N(0, std^2); the residual-branch outputs (o_proj, down_proj) ~ N(0, std^2 / (2L))
+  // (GPT-2's scaled init, which keeps the residual stream from exploding over L layers); norm
+  // weights 1 + N(0, 0.1^2). Deterministic for a seed on one device type.
   static TargetModel random(const HfConfig& cfg, at::ScalarType dtype, at::Device device,
                             uint64_t seed, double std = 0.02);
 
