@@ -9,6 +9,7 @@
 //       [T, K*H] (if --layers) and "logits" [T, V] (unless --capture-only, which also stops
 //       after the last captured layer) to FILE (safetensors).
 //   target_tool generate --model DIR --prompts "1,2,3;4,5" --max-new N [--stop-at-eos]
+//                        [--device cpu|cuda] [--dtype f32|bf16]
 //       greedy generation; prints one line of comma-separated new tokens per prompt.
 //   target_tool embeddings --model DIR --out FILE
 //       the drafter-side load: writes "embed_tokens", "lm_head" and "tied" (u8) to FILE.
@@ -135,7 +136,9 @@ int dump(const std::vector<std::string>& args) {
 
 int generate(const std::vector<std::string>& args) {
   Opts o = parse_opts(args, {"stop-at-eos"});
-  auto model = dflash::model::TargetModel::load(o.get("model"), at::kFloat, at::kCPU);
+  at::Device dev = o.kv.count("device") ? at::Device(o.get("device")) : at::Device(at::kCPU);
+  at::ScalarType dt = o.kv.count("dtype") ? parse_dtype(o.get("dtype")) : at::kFloat;
+  auto model = dflash::model::TargetModel::load(o.get("model"), dt, dev);
   std::vector<std::vector<int64_t>> prompts;
   std::string all = o.get("prompts");
   size_t i = 0;
