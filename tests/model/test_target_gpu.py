@@ -107,7 +107,8 @@ def test_capture_matches_transformers_bf16(ckpt, tmp_path):
     assert not failures, failures
 
 
-def test_tiny_fp32_forward_and_generation_on_cuda(tmp_path):
+@pytest.mark.parametrize("name", ["qwen3_gqa", "llama3_scaled"])
+def test_tiny_fp32_forward_and_generation_on_cuda(tmp_path, name):
     """The CUDA code paths (fused q/k-norm+RoPE and SiLU kernels, KV-cache decode) in float32
     against transformers on the same GPU: states within 1e-4 (max-norm; TF32 is off on both
     sides, so only summation order differs) and exactly the same 32 greedy tokens."""
@@ -116,7 +117,7 @@ def test_tiny_fp32_forward_and_generation_on_cuda(tmp_path):
     import test_target as cpu
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
-    d = cpu.build_model("qwen3_gqa", tmp_path)
+    d = cpu.build_model(name, tmp_path)
     hf = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).cuda().eval()
     docs = cpu.docs_for(hf.config.vocab_size, 1)
     ids = torch.cat(docs)
