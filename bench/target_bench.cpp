@@ -235,6 +235,29 @@ void breakdown(const TargetModel& m, int64_t B, int64_t S, int iters, double pea
   }
   std::printf("%-26s %9.3f   (matmul ceiling %.0f TFLOP/s)\n", "sum (rms_norm twice)", total * 1e3,
               peak / 1e12);
+
+  // Candidate: cuDNN's varlen attention (not used by the model yet); its time and its max-norm
+  // distance to the flash result, to decide whether to switch.
+  if (dev.is_cuda()) {
+    const double aflops = 4.0 * nq * hd * double(S + 1) / 2 * T;
+    at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
+    try {
+      auto run = [&] {
+        return std::get<0>(at::_cudnn_attention_forward(qc, kc, vc, {}, cu_dev, cu_dev, S, S, false,
+                                                        0.0, true, false, scale));
+      };
+      at::Tensor o = run();
+      at::Tensor ref = attn.to(at::kFloat);
+      double err = (o.to(at::kFloat) - ref).abs().max().item<double>() / ref.abs().max().item<double>();
+      double s_cudnn = time_median(dev, iters, run);
+      std::printf("%-26s %9.3f %9.1f   (max-norm rel diff to flash %.2e, output %s)\n",
+                  "cudnn varlen attention", s_cudnn * 1e3, aflops / s_cudnn / 1e12, err,
+                  fmt::format("[{}]", fmt::join(o.sizes(), ", ")).c_str());
+    } catch (const std::exception& e) {
+      std::string msg = e.what();
+      std::printf("cudnn varlen attention: unavailable: %s\n", msg.substr(0, 200).c_str());
+    }
+  }
 }
 
 int forward(const Args& a) {
@@ -294,8 +317,9 @@ int forward(const Args& a) {
                         first_ms, flop_tok / 1e9);
   }
   std::printf("%s", table.c_str());
-  if (!a.shapes.empty()) breakdown(m, a.shapes[0].first, a.shapes[0].second, a.iters, peak);
   write_json(a.json, fmt::format("{{\"matmul_tflops\":{:.2f},\"rows\":[{}]}}", peak / 1e12, rows));
+  std::fflush(stdout);
+  if (!a.shapes.empty()) breakdown(m, a.shapes[0].first, a.shapes[0].second, a.iters, peak);
   return 0;
 }
 
