@@ -101,3 +101,31 @@ TEST(HfConfig, Llama3RopeFrequencies) {
     EXPECT_NEAR(got[i].item<double>(), want, 1e-6 * want) << i;
   }
 }
+
+#include "trainer/model/target.h"
+
+TEST(TargetSettings, DefaultLayerIds) {
+  using dflash::model::default_layer_ids;
+  // DFLASH.md §1.1's table.
+  EXPECT_EQ(default_layer_ids(36, 5), (std::vector<int64_t>{1, 9, 17, 25, 33}));
+  EXPECT_EQ(default_layer_ids(32, 5), (std::vector<int64_t>{1, 8, 15, 22, 29}));
+  EXPECT_EQ(default_layer_ids(64, 5), (std::vector<int64_t>{1, 16, 31, 46, 61}));
+  EXPECT_EQ(default_layer_ids(48, 5), (std::vector<int64_t>{1, 12, 23, 34, 45}));
+  EXPECT_EQ(default_layer_ids(36, 1), (std::vector<int64_t>{18}));
+  // 1 + 6.5 i: Python's round(7.5) = 8, round(20.5) = 20.
+  EXPECT_EQ(default_layer_ids(30, 5), (std::vector<int64_t>{1, 8, 14, 20, 27}));
+  EXPECT_THROW(default_layer_ids(4, 5), UserError);
+}
+
+TEST(TargetSettings, ResolveLayerIdsAndDtype) {
+  auto c = parse_hf_config(R"({"model_type":"qwen3","hidden_size":64,"num_hidden_layers":36,
+    "num_attention_heads":4,"intermediate_size":96,"vocab_size":100})", "c");
+  using dflash::model::resolve_layer_ids;
+  EXPECT_EQ(resolve_layer_ids(c, {}, 5), (std::vector<int64_t>{1, 9, 17, 25, 33}));
+  EXPECT_EQ(resolve_layer_ids(c, {2, 3}, 5), (std::vector<int64_t>{2, 3}));
+  EXPECT_THROW(resolve_layer_ids(c, {3, 2}, 5), UserError);
+  EXPECT_THROW(resolve_layer_ids(c, {36}, 5), UserError);
+  EXPECT_EQ(dflash::model::resolve_dtype("auto", at::kCPU), at::kFloat);
+  EXPECT_EQ(dflash::model::resolve_dtype("bfloat16", at::kCPU), at::kBFloat16);
+  EXPECT_THROW(dflash::model::resolve_dtype("int8", at::kCPU), UserError);
+}

@@ -2,6 +2,7 @@
 #include "trainer/model/target.h"
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <filesystem>
 #include <functional>
@@ -497,6 +498,42 @@ std::vector<std::vector<int64_t>> TargetModel::generate(
     for (auto& n : lens) ++n;
   }
   return out;
+}
+
+// ---- run settings ------------------------------------------------------------------------------
+
+std::vector<int64_t> default_layer_ids(int64_t num_layers, int64_t k) {
+  if (k < 1) throw_user("number of captured target layers must be >= 1, got {}", k);
+  if (k == 1) return {num_layers / 2};
+  if (num_layers < 5 || k > num_layers - 3)
+    throw_user("cannot pick {} capture layers between layer 1 and layer {} of a {}-layer target; "
+               "give target.layer_ids explicitly", k, num_layers - 3, num_layers);
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < k; ++i)
+    ids.push_back(int64_t(std::nearbyint(1.0 + double(i) * double(num_layers - 4) / double(k - 1))));
+  return ids;
+}
+
+std::vector<int64_t> resolve_layer_ids(const HfConfig& cfg, const std::vector<int64_t>& explicit_ids,
+                                       int64_t num_features, const std::string& what) {
+  if (explicit_ids.empty()) return default_layer_ids(cfg.num_hidden_layers, num_features);
+  for (size_t i = 0; i < explicit_ids.size(); ++i) {
+    if (explicit_ids[i] < 0 || explicit_ids[i] >= cfg.num_hidden_layers)
+      throw_user("{}: layer id {} is outside [0, {}) (num_hidden_layers of {})", what,
+                 explicit_ids[i], cfg.num_hidden_layers, cfg.path);
+    if (i && explicit_ids[i] <= explicit_ids[i - 1])
+      throw_user("{}: layer ids must be strictly increasing, got {} after {}", what,
+                 explicit_ids[i], explicit_ids[i - 1]);
+  }
+  return explicit_ids;
+}
+
+at::ScalarType resolve_dtype(const std::string& name, at::Device device, const std::string& what) {
+  if (name == "auto") return device.is_cuda() ? at::kBFloat16 : at::kFloat;
+  if (name == "bfloat16" || name == "bf16") return at::kBFloat16;
+  if (name == "float16" || name == "fp16" || name == "half") return at::kHalf;
+  if (name == "float32" || name == "fp32" || name == "float") return at::kFloat;
+  throw_user("{}: unknown dtype '{}' (auto, bfloat16, float16, float32)", what, name);
 }
 
 // ---- drafter side ----------------------------------------------------------------------------

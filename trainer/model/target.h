@@ -114,6 +114,21 @@ struct TargetEmbeddings {
 TargetEmbeddings load_target_embeddings(const std::string& dir, at::ScalarType dtype,
                                         at::Device device);
 
+// DFLASH.md §1.1's default capture ids for a target of `num_layers` layers: k == 1 -> {L / 2};
+// else round(1 + i (L - 4) / (k - 1)), i = 0..k-1 (round half to even, as Python's round).
+// Qwen3-8B (36 layers, k = 5): [1, 9, 17, 25, 33].
+std::vector<int64_t> default_layer_ids(int64_t num_layers, int64_t k);
+
+// The capture ids of a run: `explicit_ids` if non-empty (validated: strictly increasing,
+// inside [0, num_hidden_layers)), else default_layer_ids(num_hidden_layers, num_features).
+// UserError naming `what` (the config key) otherwise.
+std::vector<int64_t> resolve_layer_ids(const HfConfig& cfg, const std::vector<int64_t>& explicit_ids,
+                                       int64_t num_features, const std::string& what = "target.layer_ids");
+
+// "auto" (bf16 on CUDA, float32 on CPU), "bfloat16"/"bf16", "float16"/"fp16", "float32"/"fp32".
+at::ScalarType resolve_dtype(const std::string& name, at::Device device,
+                             const std::string& what = "target.dtype");
+
 // The safetensors names of a Hugging Face checkpoint of this config (decoder layers
 // [0, num_layers), plus norm/lm_head if asked), in a stable order.
 std::vector<std::string> target_weight_names(const HfConfig& cfg, int64_t num_layers, bool lm_head);
