@@ -1,6 +1,8 @@
 // Unit tests of the drafter pieces that need no Python reference: the default target-layer rule
 // and γ table (DFLASH.md §1.1, §2.4), the spec's validation messages, the anchor sampler's
 // statistics, attention argument checks, and the chunked CE against the unfused one.
+#include <cstdlib>
+
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
@@ -10,7 +12,9 @@
 #include "comm/error.h"
 #include "trainer/config.h"
 #include "trainer/model/anchors.h"
+#include "trainer/checkpoint/files.h"
 #include "trainer/model/drafter.h"
+#include "trainer/model/export.h"
 #include "trainer/model/loss.h"
 
 using namespace dflash;
@@ -183,4 +187,40 @@ TEST(Attention, ArgumentErrorsNameTheField) {
                   .find("drafter.attention=sdpa"),
               std::string::npos);
   }
+}
+
+TEST(Export, MakeDrafterFromInitFromChecksTheConfig) {
+  TargetInfo t;
+  t.hidden_size = 32, t.intermediate_size = 48, t.num_layers = 8, t.num_heads = 4, t.num_kv_heads = 2;
+  t.head_dim = 8, t.vocab_size = 64, t.mask_token_id = 63;
+  DrafterConfig cfg;
+  cfg.num_layers = 2;
+  auto d = make_drafter(t, cfg, {1, 3, 5}, 3, 11, at::kCPU, at::kBFloat16);
+  char tmpl[] = "/tmp/dflash_export_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = std::string(tmpl) + "/drafter";
+  export_drafter(d, dir);
+  cfg.init_from = dir;
+  auto back = make_drafter(t, cfg, {}, 3, 0, at::kCPU, at::kBFloat16);
+  for (auto& [n, p] : d.named_parameters()) EXPECT_TRUE(at::equal(p, back.param(n))) << n;  // bf16: exact
+  cfg.block_size = 10;
+  EXPECT_NE(user_error([&] { make_drafter(t, cfg, {}, 3, 0, at::kCPU, at::kFloat); }).find("drafter.block_size"),
+            std::string::npos);
+  cfg.block_size = 16;
+  EXPECT_NE(user_error([&] { make_drafter(t, cfg, {1, 2, 5}, 3, 0, at::kCPU, at::kFloat); }).find("target.layer_ids"),
+            std::string::npos);
+  files::remove_tree(tmpl);
+}
+
+TEST(Drafter, InitIsDeterministicFromTheSeed) {
+  DrafterSpec s;
+  s.hidden_size = 32, s.intermediate_size = 48, s.num_layers = 1, s.num_heads = 4, s.num_kv_heads = 2;
+  s.head_dim = 8, s.vocab_size = 64, s.num_target_layers = 8, s.target_layer_ids = {1, 3}, s.mask_token_id = 63;
+  Drafter a(s, at::kCPU, at::kFloat), b(s, at::kCPU, at::kFloat), c(s, at::kCPU, at::kFloat);
+  a.init_random(5), b.init_random(5), c.init_random(6);
+  EXPECT_TRUE(at::equal(a.param("fc.weight"), b.param("fc.weight")));
+  EXPECT_FALSE(at::equal(a.param("fc.weight"), c.param("fc.weight")));
+  EXPECT_NEAR(a.param("layers.0.mlp.up_proj.weight").std().item<double>(), 0.02, 0.002);
+  EXPECT_TRUE(at::equal(a.param("norm.weight"), at::ones({32})));
+  EXPECT_TRUE(a.param("fc.weight").requires_grad());
 }

@@ -189,6 +189,24 @@ double resolve_gamma(int64_t bs, double configured) {
   }
 }
 
+StepOptions make_step_options(const DrafterConfig& cfg, int64_t seed) {
+  StepOptions o;
+  if (cfg.attention == "sdpa")
+    o.attention = attention::Backend::Reference;
+  else if (cfg.attention == "kernel")
+    o.attention = attention::Backend::Kernel;
+  else
+    throw_user("drafter.attention: expected \"sdpa\" or \"kernel\", got \"{}\"", cfg.attention);
+  if (cfg.num_anchors < 1) throw_user("drafter.num_anchors must be >= 1, got {}", cfg.num_anchors);
+  if (cfg.loss_chunk < 0) throw_user("drafter.loss_chunk must be >= 0 (0: unfused), got {}", cfg.loss_chunk);
+  o.num_anchors = cfg.num_anchors;
+  o.seed = static_cast<uint64_t>(seed);
+  o.gamma = cfg.gamma;
+  resolve_gamma(cfg.block_size, cfg.gamma);  // fails early for a block size without a default
+  o.loss_chunk = cfg.loss_chunk;
+  return o;
+}
+
 double StepOutput::accuracy() const {
   double c = 0, n = 0;
   for (size_t k = 0; k < correct_per_pos.size(); ++k) c += correct_per_pos[k], n += count_per_pos[k];
