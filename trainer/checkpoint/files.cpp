@@ -1,5 +1,6 @@
 #include "trainer/checkpoint/files.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <sys/stat.h>
@@ -9,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <algorithm>
 #include <sstream>
 
 #include "comm/error.h"
@@ -72,6 +74,38 @@ void remove_tree(const std::string& path) {
   if (::lstat(path.c_str(), &st) != 0) return;
   if (::nftw(path.c_str(), remove_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
     throw_user("cannot remove {}: {}", path, std::strerror(errno));
+}
+
+bool exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+bool is_dir(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+void make_dirs(const std::string& path) {
+  if (path.empty() || is_dir(path)) return;
+  const std::string parent = parent_of(path);
+  if (parent != path && parent != "." && parent != "/") make_dirs(parent);
+  if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST)
+    throw_user("cannot create directory {}: {}", path, std::strerror(errno));
+  if (!is_dir(path)) throw_user("cannot create directory {}: a file of that name exists", path);
+}
+
+std::vector<std::string> list_dir(const std::string& dir) {
+  std::vector<std::string> out;
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return out;
+  while (dirent* e = ::readdir(d)) {
+    std::string n = e->d_name;
+    if (n != "." && n != "..") out.push_back(n);
+  }
+  ::closedir(d);
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 }  // namespace dflash::files

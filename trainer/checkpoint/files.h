@@ -3,11 +3,13 @@
 // Owns nothing; every function is a plain POSIX sequence. write_file_atomic writes to
 // `path.tmp`, fsyncs, renames over `path` and fsyncs the directory, so a reader sees either the
 // old or the new content, never a half-written file. remove_tree deletes a directory tree with
-// nftw (std::filesystem::remove_all is avoided: with the PyPI LibTorch wheel it resolves to a
-// copy inside libtorch.so that crashes). Thread-safety: stateless.
+// nftw. std::filesystem is avoided on purpose: the PyPI LibTorch wheel's libtorch.so exports its
+// own copy of std::filesystem, and calls that bind to it can crash (remove_all does).
+// Thread-safety: stateless.
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace dflash::files {
 
@@ -18,5 +20,11 @@ void rename_durable(const std::string& from, const std::string& to);
 void fsync_dir(const std::string& dir);
 // Removes `path` and everything below it; a missing path is not an error.
 void remove_tree(const std::string& path);
+// mkdir -p; UserError naming the directory on failure.
+void make_dirs(const std::string& path);
+bool exists(const std::string& path);
+bool is_dir(const std::string& path);
+// Entry names of a directory (no "." / ".."), sorted; empty if it cannot be read.
+std::vector<std::string> list_dir(const std::string& dir);
 
 }  // namespace dflash::files

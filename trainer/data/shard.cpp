@@ -9,10 +9,10 @@
 #include <array>
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 
 #include "comm/error.h"
+#include "trainer/checkpoint/files.h"
 
 namespace dflash::data {
 namespace {
@@ -196,26 +196,23 @@ void write_shard(const std::string& path, const std::vector<Document>& docs, int
     f.write(reinterpret_cast<const char*>(b), static_cast<std::streamsize>(buf.size()));
     if (!f) throw_user("cannot write data shard {}: {}", tmp, std::strerror(errno));
   }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) throw_user("cannot rename {} to {}: {}", tmp, path, ec.message());
+  files::rename_durable(tmp, path);
 }
 
 std::vector<std::string> expand_shard_paths(const std::vector<std::string>& entries) {
-  namespace fs = std::filesystem;
   if (entries.empty()) throw_user("config: data.shards is empty; expected shard files or directories");
+  const std::string ext = kShardExtension;
   std::vector<std::string> out;
   for (const auto& e : entries) {
-    std::error_code ec;
-    if (fs::is_directory(e, ec)) {
+    if (files::is_dir(e)) {
       std::vector<std::string> found;
-      for (const auto& de : fs::directory_iterator(e)) {
-        if (de.is_regular_file() && de.path().extension() == kShardExtension) found.push_back(de.path().string());
-      }
+      for (const auto& n : files::list_dir(e))  // sorted by name
+        if (n.size() > ext.size() && n.compare(n.size() - ext.size(), ext.size(), ext) == 0 &&
+            !files::is_dir(e + "/" + n))
+          found.push_back(e + "/" + n);
       if (found.empty()) throw_user("data.shards: directory {} holds no *{} files", e, kShardExtension);
-      std::sort(found.begin(), found.end());
       out.insert(out.end(), found.begin(), found.end());
-    } else if (fs::exists(e, ec)) {
+    } else if (files::exists(e)) {
       out.push_back(e);
     } else {
       throw_user("data.shards: {} does not exist (expected a shard file or a directory of *{} files)", e,
