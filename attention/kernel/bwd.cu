@@ -31,10 +31,10 @@ int dq_variant() {
   const char* e = std::getenv("DFLASH_ATTN_DQ_VARIANT");
   return e ? std::atoi(e) : 3;
 }
-// dK/dV kernel variant (DFLASH_ATTN_DKV_VARIANT = 1: 4 warps x 16 keys, 2 (default): 8 warps).
+// dK/dV kernel variant (DFLASH_ATTN_DKV_VARIANT = 1 (default): 4 warps x 16 keys, 2: 8 warps).
 int dkv_variant() {
   const char* e = std::getenv("DFLASH_ATTN_DKV_VARIANT");
-  return e ? std::atoi(e) : 2;
+  return e ? std::atoi(e) : 1;
 }
 
 __device__ __forceinline__ float ex2(float x) {
@@ -482,8 +482,8 @@ void run_bwd(const AttnParams& p, cudaStream_t s, int stage) {
     }
   }
   if (stage < 0 || stage == 2) {
-    if (dkv_variant() == 1) run_dkv<D, 4>(p, s);
-    else run_dkv<D, 8>(p, s);
+    if (dkv_variant() == 2) run_dkv<D, 8>(p, s);
+    else run_dkv<D, 4>(p, s);
   }
 }
 
