@@ -18,6 +18,10 @@
 #include "attention/kernel/common.cuh"
 
 namespace dflash::attention {
+
+bool wgmma_supported();                                   // bwd_sm90.cu
+void launch_dkv_wgmma(const AttnParams& p, void* stream);  // bwd_sm90.cu
+
 namespace {
 
 using bf16 = __nv_bfloat16;
@@ -31,17 +35,13 @@ int dq_variant() {
   const char* e = std::getenv("DFLASH_ATTN_DQ_VARIANT");
   return e ? std::atoi(e) : 3;
 }
-// dK/dV kernel variant (DFLASH_ATTN_DKV_VARIANT = 1 (default): 4 warps x 16 keys, 2: 8 warps).
+// dK/dV kernel variant (DFLASH_ATTN_DKV_VARIANT = 1 (default): 4 warps x 16 keys, 2: 8 warps,
+// 3: Hopper wgmma (bwd_sm90.cu; falls back to 1 where unavailable)).
 int dkv_variant() {
   const char* e = std::getenv("DFLASH_ATTN_DKV_VARIANT");
   return e ? std::atoi(e) : 1;
 }
 
-__device__ __forceinline__ float ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
 
 void check(const char* what) {
   const cudaError_t e = cudaGetLastError();
@@ -482,7 +482,9 @@ void run_bwd(const AttnParams& p, cudaStream_t s, int stage) {
     }
   }
   if (stage < 0 || stage == 2) {
-    if (dkv_variant() == 2) run_dkv<D, 8>(p, s);
+    const int var = dkv_variant();
+    if (var == 3 && wgmma_supported()) launch_dkv_wgmma(p, s);
+    else if (var == 2) run_dkv<D, 8>(p, s);
     else run_dkv<D, 4>(p, s);
   }
 }

@@ -30,11 +30,6 @@ int fwd_variant() {
   return e ? std::atoi(e) : 3;
 }
 
-__device__ __forceinline__ float ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
 
 template <int D, int MT, int BN>
 constexpr int fwd_smem_bytes() {
