@@ -35,11 +35,11 @@ int dq_variant() {
   const char* e = std::getenv("DFLASH_ATTN_DQ_VARIANT");
   return e ? std::atoi(e) : 3;
 }
-// dK/dV kernel variant (DFLASH_ATTN_DKV_VARIANT = 1 (default): 4 warps x 16 keys, 2: 8 warps,
-// 3: Hopper wgmma (bwd_sm90.cu; falls back to 1 where unavailable)).
+// dK/dV kernel variant (DFLASH_ATTN_DKV_VARIANT = 1: 4 warps x 16 keys, 2: 8 warps,
+// 3 (default): Hopper wgmma (bwd_sm90.cu; falls back to 1 where unavailable)).
 int dkv_variant() {
   const char* e = std::getenv("DFLASH_ATTN_DKV_VARIANT");
-  return e ? std::atoi(e) : 1;
+  return e ? std::atoi(e) : 3;
 }
 
 
