@@ -29,21 +29,6 @@ using namespace dev;
 constexpr int kWgThreads = 128;
 
 
-// Loads rows [row0, row0 + R) of a [*, D] matrix into an R-row wgmma tile (zero-fill past nrows).
-template <int R, int D>
-__device__ __forceinline__ void load_tile_w(uint32_t sdst, const bf16* gsrc, int64_t ld, int row0,
-                                            int nrows, int tid) {
-  constexpr int CH = D / 8;
-#pragma unroll
-  for (int i = 0; i < R * CH / kWgThreads; ++i) {
-    const int idx = i * kWgThreads + tid;
-    const int r = idx / CH, c = idx % CH;
-    const bool valid = row0 + r < nrows;
-    const bf16* src = gsrc + (valid ? (int64_t)(row0 + r) * ld + c * 8 : 0);
-    cp_async16(sdst + swz_w<R>(r, c), src, valid);
-  }
-}
-
 template <int D>
 struct DkvWgSmem {
   static constexpr int kTile = kTileQ * D * 2;  // Q, dO, K or V tile (64 rows)
@@ -97,9 +82,9 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dkv_wgmma_kernel(const
     const int qt = kr.x + i / G, h = hk * G + i % G;
     const int m0 = qt * kTileQ;
     const uint32_t st = sStage0 + buf * S::kStageAligned;
-    load_tile_w<kTileQ, D>(st, static_cast<const bf16*>(p.q) + b * p.q_sb + h * p.q_sh, p.q_sr, m0,
+    load_tile_w<kTileQ, D, kWgThreads>(st, static_cast<const bf16*>(p.q) + b * p.q_sb + h * p.q_sh, p.q_sr, m0,
                            p.q_len, tid);
-    load_tile_w<kTileQ, D>(st + S::kTile, static_cast<const bf16*>(p.dout) + b * p.do_sb + h * p.do_sh,
+    load_tile_w<kTileQ, D, kWgThreads>(st + S::kTile, static_cast<const bf16*>(p.dout) + b * p.do_sb + h * p.do_sh,
                            p.do_sr, m0, p.q_len, tid);
     const uint32_t sRows = st + 2 * S::kTile, sL = sRows + kTileQ * 16, sD = sL + kTileQ * 4;
     const int64_t lo = ((int64_t)b * p.Hq + h) * p.q_len;
@@ -114,8 +99,8 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dkv_wgmma_kernel(const
     }
   };
 
-  load_tile_w<kTileK, D>(sK, k, p.k_sr, n0, p.kv_len, tid);
-  load_tile_w<kTileK, D>(sV, v, p.v_sr, n0, p.kv_len, tid);
+  load_tile_w<kTileK, D, kWgThreads>(sK, k, p.k_sr, n0, p.kv_len, tid);
+  load_tile_w<kTileK, D, kWgThreads>(sV, v, p.v_sr, n0, p.kv_len, tid);
   int item = next_item(0);
   if (item < nitems) load_item(item, 0);
   cp_async_commit();

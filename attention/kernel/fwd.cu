@@ -16,6 +16,10 @@
 #include "attention/kernel/common.cuh"
 
 namespace dflash::attention {
+
+bool wgmma_supported();                                  // bwd_sm90.cu
+void launch_fwd_wgmma(const AttnParams& p, void* stream);  // fwd_sm90.cu
+
 namespace {
 
 using bf16 = __nv_bfloat16;
@@ -24,7 +28,8 @@ using namespace dev;
 constexpr int kThreads = 128;
 
 // Tile variant, for benchmarking (DFLASH_ATTN_FWD_VARIANT = 1: 16 rows/warp x 64 keys,
-// 2: 32 rows/warp x 32 keys, 3 (default): 32 rows/warp x 64 keys). Read at each launch.
+// 2: 32 rows/warp x 32 keys, 3 (default): 32 rows/warp x 64 keys, 4: Hopper wgmma
+// (fwd_sm90.cu; falls back to 3 where unavailable)). Read at each launch.
 int fwd_variant() {
   const char* e = std::getenv("DFLASH_ATTN_FWD_VARIANT");
   return e ? std::atoi(e) : 3;
@@ -258,6 +263,10 @@ void run_fwd(const AttnParams& p, cudaStream_t s) {
 template <int D>
 void run_fwd_variant(const AttnParams& p, cudaStream_t s) {
   switch (fwd_variant()) {
+    case 4:
+      if (wgmma_supported()) launch_fwd_wgmma(p, s);
+      else run_fwd<D, 2, 64>(p, s);
+      break;
     case 1: run_fwd<D, 1, 64>(p, s); break;
     case 2: run_fwd<D, 2, 32>(p, s); break;
     default: run_fwd<D, 2, 64>(p, s); break;

@@ -10,6 +10,8 @@
 
 #include <cstdint>
 
+#include "attention/kernel/common.cuh"
+
 namespace dflash::attention::dev {
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -20,6 +22,23 @@ namespace dflash::attention::dev {
 template <int R>
 __device__ __forceinline__ uint32_t swz_w(int row, int chunk) {
   return static_cast<uint32_t>((chunk >> 3) * (R * 128) + row * 128 + (((chunk & 7) ^ (row & 7)) << 4));
+}
+
+// Loads rows [row0, row0 + R) of a [*, D] bf16 matrix (row stride ld) into an R-row wgmma tile;
+// rows >= nrows are zero-filled. All NT threads take part.
+template <int R, int D, int NT>
+__device__ __forceinline__ void load_tile_w(uint32_t sdst, const __nv_bfloat16* gsrc, int64_t ld,
+                                            int row0, int nrows, int tid) {
+  constexpr int CH = D / 8;
+  static_assert((R * CH) % NT == 0, "tile chunks must divide among threads");
+#pragma unroll
+  for (int i = 0; i < R * CH / NT; ++i) {
+    const int idx = i * NT + tid;
+    const int r = idx / CH, c = idx % CH;
+    const bool valid = row0 + r < nrows;
+    const __nv_bfloat16* src = gsrc + (valid ? (int64_t)(row0 + r) * ld + c * 8 : 0);
+    cp_async16(sdst + swz_w<R>(r, c), src, valid);
+  }
 }
 
 __device__ __forceinline__ uint64_t desc_encode(uint32_t addr, uint32_t lbo, uint32_t sbo) {
