@@ -31,11 +31,11 @@ using namespace dev;
 constexpr int kThreads = 128;
 
 // Tile variant of the dQ kernel, for benchmarking (DFLASH_ATTN_DQ_VARIANT = 1: 16 rows/warp x
-// 64 keys, 2: 32 rows/warp x 16 keys, 3 (default): 32 rows/warp x 32 keys, 4: Hopper wgmma
+// 64 keys, 2: 32 rows/warp x 16 keys, 3: 32 rows/warp x 32 keys, 4 (default): Hopper wgmma
 // (fwd_sm90.cu; falls back to 3 where unavailable)). Read at each launch (getenv is cheap next to a launch).
 int dq_variant() {
   const char* e = std::getenv("DFLASH_ATTN_DQ_VARIANT");
-  return e ? std::atoi(e) : 3;
+  return e ? std::atoi(e) : 4;
 }
 // dK/dV kernel variant (DFLASH_ATTN_DKV_VARIANT = 1: 4 warps x 16 keys, 2: 8 warps,
 // 3 (default): Hopper wgmma (bwd_sm90.cu; falls back to 1 where unavailable)).
@@ -478,13 +478,13 @@ void run_bwd(const AttnParams& p, cudaStream_t s, int stage) {
   }
   if (stage < 0 || stage == 1) {
     switch (dq_variant()) {
-      case 4:
+      case 1: run_dq<D, 1, 64>(p, s); break;
+      case 2: run_dq<D, 2, 16>(p, s); break;
+      case 3: run_dq<D, 2, 32>(p, s); break;
+      default:
         if (wgmma_supported()) launch_dq_wgmma(p, s);
         else run_dq<D, 2, 32>(p, s);
         break;
-      case 1: run_dq<D, 1, 64>(p, s); break;
-      case 2: run_dq<D, 2, 16>(p, s); break;
-      default: run_dq<D, 2, 32>(p, s); break;
     }
   }
   if (stage < 0 || stage == 2) {

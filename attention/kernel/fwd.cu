@@ -28,11 +28,11 @@ using namespace dev;
 constexpr int kThreads = 128;
 
 // Tile variant, for benchmarking (DFLASH_ATTN_FWD_VARIANT = 1: 16 rows/warp x 64 keys,
-// 2: 32 rows/warp x 32 keys, 3 (default): 32 rows/warp x 64 keys, 4: Hopper wgmma
+// 2: 32 rows/warp x 32 keys, 3: 32 rows/warp x 64 keys, 4 (default): Hopper wgmma
 // (fwd_sm90.cu; falls back to 3 where unavailable)). Read at each launch.
 int fwd_variant() {
   const char* e = std::getenv("DFLASH_ATTN_FWD_VARIANT");
-  return e ? std::atoi(e) : 3;
+  return e ? std::atoi(e) : 4;
 }
 
 
@@ -263,13 +263,13 @@ void run_fwd(const AttnParams& p, cudaStream_t s) {
 template <int D>
 void run_fwd_variant(const AttnParams& p, cudaStream_t s) {
   switch (fwd_variant()) {
-    case 4:
+    case 1: run_fwd<D, 1, 64>(p, s); break;
+    case 2: run_fwd<D, 2, 32>(p, s); break;
+    case 3: run_fwd<D, 2, 64>(p, s); break;
+    default:
       if (wgmma_supported()) launch_fwd_wgmma(p, s);
       else run_fwd<D, 2, 64>(p, s);
       break;
-    case 1: run_fwd<D, 1, 64>(p, s); break;
-    case 2: run_fwd<D, 2, 32>(p, s); break;
-    default: run_fwd<D, 2, 64>(p, s); break;
   }
 }
 
