@@ -1,0 +1,84 @@
+#include "trainer/metrics/metrics.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "comm/error.h"
+#include "comm/log.h"
+#include "trainer/checkpoint/files.h"
+
+namespace dflash::metrics {
+namespace {
+// JSON number: finite values as %.6g-ish round-trip text, non-finite as null.
+std::string num(double x) {
+  if (!std::isfinite(x)) return "null";
+  return fmt::format("{:.8g}", x);
+}
+}  // namespace
+
+std::string human(double x) {
+  const double a = std::fabs(x);
+  if (a >= 1e9) return fmt::format("{:.2f}G", x / 1e9);
+  if (a >= 1e6) return fmt::format("{:.2f}M", x / 1e6);
+  if (a >= 1e3) return fmt::format("{:.1f}K", x / 1e3);
+  return fmt::format("{:.0f}", x);
+}
+
+std::string format_line(const StepMetrics& m) {
+  std::string mfu = m.mfu < 0 ? "-" : fmt::format("{:.1f}%", 100.0 * m.mfu);
+  return fmt::format(
+      "step {}/{} | loss {:.4f} | acc {:.3f} | tau {:.2f} | lr {:.2e} | gnorm {:.3f} | tok/s target {} drafter {} "
+      "| wait target {:.3f}s drafter {:.3f}s | mfu {} | mem {:.1f} GB",
+      m.step, m.total_steps, m.loss, m.accuracy, m.tau, m.lr, m.grad_norm, human(m.target_tok_s),
+      human(m.drafter_tok_s), m.target_wait_s, m.drafter_wait_s, mfu, m.mem_gb);
+}
+
+std::string to_json(const StepMetrics& m) {
+  return fmt::format(
+      "{{\"step\": {}, \"total_steps\": {}, \"epoch\": {}, \"batch\": {}, \"loss\": {}, \"accuracy\": {}, "
+      "\"tau\": {}, \"lr\": {}, \"grad_norm\": {}, \"target_tok_s\": {}, \"drafter_tok_s\": {}, "
+      "\"target_wait_s\": {}, \"drafter_wait_s\": {}, \"mfu\": {}, \"mem_gb\": {}, \"elapsed_s\": {}}}",
+      m.step, m.total_steps, m.epoch, m.batch, num(m.loss), num(m.accuracy), num(m.tau), num(m.lr),
+      num(m.grad_norm), num(m.target_tok_s), num(m.drafter_tok_s), num(m.target_wait_s), num(m.drafter_wait_s),
+      m.mfu < 0 ? "null" : num(m.mfu), num(m.mem_gb), num(m.elapsed_s));
+}
+
+MetricsLog::MetricsLog(const std::string& run_dir, bool active) {
+  if (!active) return;
+  files::make_dirs(run_dir);
+  path_ = run_dir + "/metrics.jsonl";
+  file_ = std::fopen(path_.c_str(), "a");
+  if (!file_) throw_user("cannot open {} for writing: {}", path_, std::strerror(errno));
+}
+
+MetricsLog::~MetricsLog() {
+  if (file_) std::fclose(file_);
+}
+
+void MetricsLog::write(const StepMetrics& m) {
+  if (!file_) return;
+  log::info("{}", format_line(m));
+  std::fputs((to_json(m) + "\n").c_str(), file_);
+  std::fflush(file_);
+}
+
+double peak_rss_gb() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) {
+      std::istringstream ss(line.substr(6));
+      double kb = 0;
+      ss >> kb;
+      return kb / (1024.0 * 1024.0);
+    }
+  }
+  return 0.0;
+}
+
+}  // namespace dflash::metrics

@@ -1,0 +1,65 @@
+// Training metrics: the console line of rank 0 of the drafters and <run.dir>/metrics.jsonl.
+//
+// Owns: the metrics file (appended, one JSON object per log interval, flushed each time) and the
+// definitions of the derived numbers (docs/training.md):
+//   loss, accuracy, tau  means over the interval's optimizer steps (each step's value is the mean
+//                        over its D x grad_accum batches)
+//   lr, grad_norm        of the interval's last step
+//   target_tok_s         the targets' supply capacity: T x (tokens forwarded / busy seconds)
+//                        summed over the interval's batches (busy = read + forward + capture)
+//   drafter_tok_s        tokens trained per wall second over the interval (all drafters)
+//   target_wait_s        mean seconds per batch a target spent blocked on its sends (drafters slow)
+//   drafter_wait_s       mean seconds per step a drafter spent waiting for batches (targets slow)
+//   mfu                  drafter model FLOPs per second / (D x peak bf16 FLOP/s); GPU only, else <0
+//   mem_gb               peak memory of this process: CUDA allocator peak on GPU, else VmHWM
+// Thread-safety: a MetricsLog is used by one thread.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+namespace dflash::metrics {
+
+struct StepMetrics {
+  int64_t step = 0;         // optimizer steps completed
+  int64_t total_steps = 0;
+  int64_t epoch = 0;
+  int64_t batch = 0;        // global batch cursor after this step
+  double loss = 0, accuracy = 0, tau = 0;
+  double lr = 0, grad_norm = 0;
+  double target_tok_s = 0, drafter_tok_s = 0;
+  double target_wait_s = 0, drafter_wait_s = 0;
+  double mfu = -1;          // < 0: not measured (CPU)
+  double mem_gb = 0;
+  double elapsed_s = 0;     // since training started
+};
+
+// "step 120/400 | loss 3.4121 | acc 0.412 | tau 2.31 | lr 4.20e-04 | gnorm 0.830 | tok/s target
+//  12.3K drafter 11.9K | wait target 0.120s drafter 0.030s | mfu 41.2% | mem 23.1 GB"
+std::string format_line(const StepMetrics& m);
+// One JSON object (one line, no newline), every field of StepMetrics (mfu null when < 0).
+std::string to_json(const StepMetrics& m);
+
+// Appends to <run_dir>/metrics.jsonl. Inactive (no file) when `active` is false.
+class MetricsLog {
+ public:
+  MetricsLog(const std::string& run_dir, bool active);
+  ~MetricsLog();
+  MetricsLog(const MetricsLog&) = delete;
+  MetricsLog& operator=(const MetricsLog&) = delete;
+  // Prints the console line (log::info) and appends the JSON line.
+  void write(const StepMetrics& m);
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::FILE* file_ = nullptr;
+};
+
+// Peak resident memory of this process in GB (VmHWM of /proc/self/status; 0 if unavailable).
+double peak_rss_gb();
+// "12.3K", "1.05M", "950"
+std::string human(double x);
+
+}  // namespace dflash::metrics

@@ -1,0 +1,81 @@
+// AdamW with fp32 master weights and fp32 moments, global gradient-norm clipping, and the
+// learning-rate schedule of DFLASH.md §3 (linear warm-up, then cosine to 0).
+//
+// Owns: per trainable parameter an fp32 master (the parameter itself when it is fp32, an fp32
+// copy when it is bf16/fp16: the parameter is then overwritten by the rounded master after each
+// update), exp_avg and exp_avg_sq (fp32, on the parameter's device), and the step count.
+// The update is torch.optim.AdamW's single-tensor algorithm, operation for operation:
+//   p *= 1 - lr*wd;  m = lerp(m, g, 1-b1);  v = b2*v + (1-b2)*g*g;
+//   p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)
+// Gradients are taken in fp32 (a copy of a bf16 gradient), clipped like
+// torch.nn.utils.clip_grad_norm_ (coef = max_norm/(norm+1e-6), clamped to 1), then applied.
+// Gradient averaging across drafter ranks and accumulation are the caller's (roles/).
+// Thread-safety: one thread; the parameters must not be used concurrently with step().
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+namespace dflash::optim {
+
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+struct AdamWOptions {
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+};
+
+class AdamW {
+ public:
+  // `params`: trainable leaf tensors with unique names (fp32, bf16 or fp16; any device).
+  AdamW(NamedTensors params, AdamWOptions opt);
+
+  // Clips the global gradient norm to `max_norm` (<= 0: no clipping), then one update at `lr`.
+  // Parameters without a gradient are skipped (as torch does). Returns the gradient norm
+  // before clipping (fp32 computation, as torch's).
+  double step(double lr, double max_norm);
+  // Gradient norm only (no update); used for metrics when clipping is off.
+  double grad_norm() const;
+  void zero_grad();
+
+  int64_t steps() const { return steps_; }
+  const NamedTensors& params() const { return params_; }
+  const AdamWOptions& options() const { return opt_; }
+
+  // Optimizer state for a checkpoint: "exp_avg.<name>", "exp_avg_sq.<name>", and
+  // "master.<name>" for parameters whose master is a separate fp32 copy.
+  NamedTensors state() const;
+  // Restores state() and the step count; `origin` (a file) names errors: a missing, unexpected
+  // or misshapen tensor is a UserError listing them.
+  void load_state(const NamedTensors& state, int64_t steps, const std::string& origin);
+
+ private:
+  struct Slot {
+    at::Tensor master;  // fp32; same storage as the parameter when it is fp32
+    at::Tensor exp_avg, exp_avg_sq;
+    bool separate_master = false;
+  };
+  NamedTensors params_;
+  std::vector<Slot> slots_;
+  AdamWOptions opt_;
+  int64_t steps_ = 0;
+};
+
+// The learning rate at 0-based optimizer step s (DFLASH.md §3):
+//   W = int(warmup_ratio * total); s < W: lr * (s + 1) / W;
+//   else lr * 0.5 * (1 + cos(pi * (s - W) / (total - W)))   (lr when total == W).
+struct LrSchedule {
+  double lr = 0;
+  int64_t total = 1;
+  int64_t warmup = 0;
+  static LrSchedule cosine(double lr, double warmup_ratio, int64_t total_steps);
+  double at(int64_t step) const;
+};
+
+}  // namespace dflash::optim
