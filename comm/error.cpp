@@ -6,8 +6,12 @@ namespace dflash::detail {
 
 void throw_check_failed(const char* lib, const char* stmt, const char* file, int line,
                         const std::string& what) {
-  throw std::runtime_error(fmt::format("{} failed on {}: {} at {}:{}: {}", lib, log::prefix(),
-                                       stmt, file, line, what));
+  std::string msg = fmt::format("{} failed on {}: {} at {}:{}: {}", lib, log::prefix(),
+                                       stmt, file, line, what);
+  // a failed MPI/NCCL call is a communication failure (exit 3); anything else is internal
+  std::string l = lib;
+  if (l == "MPI" || l == "NCCL") throw CommError(msg);
+  throw std::runtime_error(msg);
 }
 
 }  // namespace dflash::detail

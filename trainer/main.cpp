@@ -1,6 +1,7 @@
 // dflash_rank: one process of a dflash run (one per GPU, or the CPU demo). Wiring only.
 //
 //   dflash_rank --config FILE.yaml [section.key=value ...] [--print-config] [--resume]
+//               [--comm-check [N]] [--whoami]
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -8,6 +9,8 @@
 
 #include "comm/error.h"
 #include "comm/log.h"
+#include "comm/selftest.h"
+#include "comm/watchdog.h"
 #include "trainer/config.h"
 
 namespace {
@@ -17,10 +20,13 @@ struct Args {
   std::vector<std::string> overrides;
   bool print_config = false;
   bool resume = false;
+  int64_t comm_check = -1;  // --comm-check [N]: batches of the communication self-test
+  bool whoami = false;
 };
 
 const char* kUsage =
-    "usage: dflash_rank --config FILE.yaml [section.key=value ...] [--print-config] [--resume]\n";
+    "usage: dflash_rank --config FILE.yaml [section.key=value ...] [--print-config] [--resume]\n"
+    "                   [--comm-check [N]] [--whoami]\n";
 
 Args parse_args(int argc, char** argv) {
   Args a;
@@ -33,6 +39,16 @@ Args parse_args(int argc, char** argv) {
       a.config_path = s.substr(9);
     } else if (s == "--print-config") {
       a.print_config = true;
+    } else if (s == "--comm-check") {
+      a.comm_check = 200;
+      if (i + 1 < argc && argv[i + 1][0] >= '0' && argv[i + 1][0] <= '9') {
+        std::string n = argv[++i];
+        if (n.find_first_not_of("0123456789") != std::string::npos)
+          dflash::throw_user("--comm-check expects a number of batches, got '{}'", n);
+        a.comm_check = std::stoll(n);
+      }
+    } else if (s == "--whoami") {
+      a.whoami = true;
     } else if (s == "--resume") {
       a.resume = true;
     } else if (s == "--help" || s == "-h") {
@@ -47,6 +63,20 @@ Args parse_args(int argc, char** argv) {
   return a;
 }
 
+dflash::comm::LaunchOptions launch_options(const dflash::Config& cfg) {
+  dflash::comm::LaunchOptions o;
+  o.comm = {cfg.comm.backend, cfg.comm.timeout_s, cfg.comm.startup_timeout_s};
+  o.target_ranks = cfg.layout.target_ranks;
+  o.drafter_ranks = cfg.layout.drafter_ranks;
+  o.colocated = cfg.layout.colocated;
+  o.log_level = cfg.log.level;
+  o.console_rank = cfg.log.console_rank;
+  o.per_rank_files = cfg.log.per_rank_files;
+  o.run_dir = cfg.run.dir;
+  o.seed = cfg.run.seed;
+  return o;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -57,13 +87,15 @@ int main(int argc, char** argv) {
       std::fputs(dflash::to_yaml(cfg).c_str(), stdout);
       return dflash::kExitOk;
     }
-    dflash::log::info("nothing to run yet");
-    return dflash::kExitOk;
-  } catch (const dflash::UserError& e) {
-    std::fprintf(stderr, "dflash_rank: error: %s\n", e.what());
-    return dflash::kExitUser;
+    dflash::comm::LaunchOptions launch = launch_options(cfg);
+    auto rank = dflash::comm::start_rank(launch, /*check_layout=*/!args.whoami);
+    int rc = dflash::kExitOk;
+    if (args.whoami) rc = dflash::comm::run_whoami(rank, launch);
+    else if (args.comm_check >= 0) rc = dflash::comm::run_comm_check(rank, launch, args.comm_check);
+    else dflash::log::info("nothing to run yet (the pipeline is not built); try --comm-check");
+    dflash::comm::finalize_mpi();
+    return rc;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "dflash_rank: internal error: %s\n", e.what());
-    return dflash::kExitInternal;
+    dflash::comm::fail_fast(e);  // logs on this rank, aborts communicators, exits with the code
   }
 }

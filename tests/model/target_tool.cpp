@@ -3,16 +3,29 @@
 //   target_tool st-copy IN OUT [--dtype bf16|f16|f32]
 //       read IN (a .safetensors file or checkpoint directory) with our reader, write every
 //       tensor (converted to --dtype if given, else as stored) to OUT with our writer.
+//   target_tool dump --model DIR --ids 1,2,3,... --cu 0,3,... [--layers 0,2,...] [--capture-only]
+//                    [--num-layers N] --out FILE
+//       run the target model (CPU, float32) over one packed stream; write "captured"
+//       [T, K*H] (if --layers) and "logits" [T, V] (unless --capture-only, which also stops
+//       after the last captured layer) to FILE (safetensors).
+//   target_tool generate --model DIR --prompts "1,2,3;4,5" --max-new N [--stop-at-eos]
+//       greedy generation; prints one line of comma-separated new tokens per prompt.
+//   target_tool embeddings --model DIR --out FILE
+//       the drafter-side load: writes "embed_tokens", "lm_head" and "tied" (u8) to FILE.
 //
 // Exit codes as dflash_rank: 0 ok, 2 bad input (UserError, one line on stderr), 1 internal.
 #include <cstdio>
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <fmt/ranges.h>
 
 #include "comm/error.h"
 #include "trainer/model/safetensors.h"
+#include "trainer/model/target.h"
 
 namespace {
 
@@ -47,6 +60,103 @@ int st_copy(const std::vector<std::string>& args) {
   return 0;
 }
 
+std::vector<int64_t> parse_ints(const std::string& s, const char* what) {
+  std::vector<int64_t> out;
+  size_t i = 0;
+  while (i < s.size()) {
+    size_t j = s.find(',', i);
+    if (j == std::string::npos) j = s.size();
+    std::string tok = s.substr(i, j - i);
+    try {
+      size_t used = 0;
+      out.push_back(std::stoll(tok, &used));
+      if (used != tok.size()) throw std::invalid_argument(tok);
+    } catch (const std::exception&) {
+      throw_user("{}: '{}' is not an integer", what, tok);
+    }
+    i = j + 1;
+  }
+  return out;
+}
+
+struct Opts {
+  std::map<std::string, std::string> kv;
+  std::set<std::string> flags;
+  std::string get(const std::string& k) const {
+    auto it = kv.find(k);
+    if (it == kv.end()) throw_user("missing option --{}", k);
+    return it->second;
+  }
+};
+
+Opts parse_opts(const std::vector<std::string>& args, const std::set<std::string>& flag_names) {
+  Opts o;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i].rfind("--", 0) != 0) throw_user("unexpected argument '{}'", args[i]);
+    std::string k = args[i].substr(2);
+    if (flag_names.count(k)) {
+      o.flags.insert(k);
+    } else {
+      if (i + 1 >= args.size()) throw_user("option --{} needs a value", k);
+      o.kv[k] = args[++i];
+    }
+  }
+  return o;
+}
+
+at::Tensor to_tensor(const std::vector<int64_t>& v) { return at::tensor(v, at::kLong); }
+
+int dump(const std::vector<std::string>& args) {
+  Opts o = parse_opts(args, {"capture-only"});
+  dflash::model::TargetLoadOptions lo;
+  if (o.kv.count("num-layers")) lo.num_layers = std::stoll(o.get("num-layers"));
+  auto model = dflash::model::TargetModel::load(o.get("model"), at::kFloat, at::kCPU, lo);
+  at::Tensor ids = to_tensor(parse_ints(o.get("ids"), "--ids"));
+  at::Tensor cu = to_tensor(parse_ints(o.get("cu"), "--cu"));
+  std::vector<int64_t> layers = o.kv.count("layers") ? parse_ints(o.get("layers"), "--layers")
+                                                     : std::vector<int64_t>{};
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  if (o.flags.count("capture-only")) {
+    out.emplace_back("captured", model.capture(ids, cu.to(at::kInt), layers));
+  } else {
+    auto r = model.forward(ids, cu, layers);
+    if (r.captured.defined()) out.emplace_back("captured", r.captured);
+    out.emplace_back("logits", r.logits);
+  }
+  dflash::st::save(o.get("out"), out);
+  return 0;
+}
+
+int generate(const std::vector<std::string>& args) {
+  Opts o = parse_opts(args, {"stop-at-eos"});
+  auto model = dflash::model::TargetModel::load(o.get("model"), at::kFloat, at::kCPU);
+  std::vector<std::vector<int64_t>> prompts;
+  std::string all = o.get("prompts");
+  size_t i = 0;
+  while (i <= all.size()) {
+    size_t j = all.find(';', i);
+    if (j == std::string::npos) j = all.size();
+    prompts.push_back(parse_ints(all.substr(i, j - i), "--prompts"));
+    i = j + 1;
+  }
+  auto res = model.generate(prompts, std::stoll(o.get("max-new")), o.flags.count("stop-at-eos") > 0);
+  for (const auto& r : res) std::printf("%s\n", fmt::format("{}", fmt::join(r, ",")).c_str());
+  return 0;
+}
+
+int embeddings(const std::vector<std::string>& args) {
+  Opts o = parse_opts(args, {});
+  auto e = dflash::model::load_target_embeddings(o.get("model"), at::kFloat, at::kCPU);
+  if (e.embed_tokens.requires_grad() || e.lm_head.requires_grad())
+    throw std::runtime_error("embeddings must be frozen");
+  if (e.tied && e.embed_tokens.data_ptr() != e.lm_head.data_ptr())
+    throw std::runtime_error("tied embeddings must share storage");
+  dflash::st::save(o.get("out"), {{"embed_tokens", e.embed_tokens},
+                                  {"lm_head", e.tied ? e.lm_head.clone() : e.lm_head},
+                                  {"tied", at::tensor({uint8_t(e.tied)}, at::kByte)}});
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -55,6 +165,9 @@ int main(int argc, char** argv) {
     std::string cmd = argv[1];
     std::vector<std::string> args(argv + 2, argv + argc);
     if (cmd == "st-copy") return st_copy(args);
+    if (cmd == "dump") return dump(args);
+    if (cmd == "generate") return generate(args);
+    if (cmd == "embeddings") return embeddings(args);
     throw_user("unknown command '{}'", cmd);
   } catch (const dflash::UserError& e) {
     std::fprintf(stderr, "target_tool: error: %s\n", e.what());

@@ -315,34 +315,51 @@ const TensorInfo& SafeTensors::info(const std::string& name) const {
 
 const std::map<std::string, std::string>& SafeTensors::metadata() const { return impl_->metadata; }
 
+namespace {
+// A CPU tensor over the stored bytes: a view of the mapping when aligned, else a copy.
+// The result must not outlive the SafeTensors object.
+at::Tensor stored_view(const Mapped& m, const TensorInfo& ti) {
+  const uint8_t* src = m.base + m.data_start + ti.begin;
+  const size_t bytes = ti.end - ti.begin;
+  auto opts = at::TensorOptions().dtype(ti.dtype).device(at::kCPU);
+  if (bytes == 0) return at::empty(ti.shape, opts);
+  if (reinterpret_cast<uintptr_t>(src) % at::elementSize(ti.dtype) == 0)
+    return at::from_blob(const_cast<uint8_t*>(src), ti.shape, opts);
+  at::Tensor raw = at::empty(ti.shape, opts);
+  std::memcpy(raw.data_ptr(), src, bytes);
+  return raw;
+}
+}  // namespace
+
 at::Tensor SafeTensors::load(const std::string& name, at::ScalarType dtype, at::Device device,
                              const std::vector<int64_t>* expect_shape) const {
   const TensorInfo& ti = info(name);
   if (expect_shape && *expect_shape != ti.shape)
     throw_user("safetensors file '{}': tensor '{}' has shape {}, expected {}", ti.file, name,
                shape_str(ti.shape), shape_str(*expect_shape));
-  const Mapped& m = *impl_->file_of.at(name);
-  const uint8_t* src = m.base + m.data_start + ti.begin;
-  const size_t bytes = ti.end - ti.begin;
-  auto cpu_opts = at::TensorOptions().dtype(ti.dtype).device(at::kCPU);
-  at::Tensor raw;
-  if (device.is_cpu() && dtype == ti.dtype) {
-    raw = at::empty(ti.shape, cpu_opts);
-    if (bytes) std::memcpy(raw.data_ptr(), src, bytes);
-    return raw;
+  at::Tensor dst = at::empty(ti.shape, at::TensorOptions().dtype(dtype).device(device));
+  if (device.is_cpu() || dtype == ti.dtype) {
+    load_into(name, dst);
+    return dst;
   }
-  if (bytes == 0) return at::empty(ti.shape, at::TensorOptions().dtype(dtype).device(device));
-  if (reinterpret_cast<uintptr_t>(src) % at::elementSize(ti.dtype) == 0) {
-    // A view of the mapping; the copy below never outlives this call.
-    raw = at::from_blob(const_cast<uint8_t*>(src), ti.shape, cpu_opts);
-  } else {
-    raw = at::empty(ti.shape, cpu_opts);
-    std::memcpy(raw.data_ptr(), src, bytes);
+  // Raw bytes to the device first (fewer bytes for bf16/f16 sources), then convert there.
+  at::Tensor raw = at::empty(ti.shape, at::TensorOptions().dtype(ti.dtype).device(device));
+  load_into(name, raw);
+  dst.copy_(raw);
+  return dst;
+}
+
+void SafeTensors::load_into(const std::string& name, const at::Tensor& dst) const {
+  const TensorInfo& ti = info(name);
+  if (!dst.sizes().equals(ti.shape))
+    throw_user("safetensors file '{}': tensor '{}' has shape {}, expected {}", ti.file, name,
+               shape_str(ti.shape), shape_str(std::vector<int64_t>(dst.sizes().begin(), dst.sizes().end())));
+  at::Tensor src = stored_view(*impl_->file_of.at(name), ti);
+  if (dst.is_cpu() && dst.scalar_type() == ti.dtype && dst.is_contiguous()) {
+    if (src.numel()) std::memcpy(dst.data_ptr(), src.data_ptr(), ti.end - ti.begin);
+    return;
   }
-  if (device.is_cpu()) return raw.to(dtype, /*non_blocking=*/false, /*copy=*/true);
-  // Raw bytes to the device first (smaller for bf16/f16 sources), then convert there.
-  at::Tensor dev = raw.to(device, /*non_blocking=*/false, /*copy=*/true);
-  return dev.scalar_type() == dtype ? dev : dev.to(dtype);
+  dst.copy_(src);  // synchronous for pageable host memory: the mapping is not used afterwards
 }
 
 void SafeTensors::expect_names(const std::vector<std::string>& expected,

@@ -50,6 +50,12 @@ class SafeTensors {
   at::Tensor load(const std::string& name, at::ScalarType dtype, at::Device device,
                   const std::vector<int64_t>* expect_shape = nullptr) const;
 
+  // Copies tensor `name` into `dst` (any device and float/int dtype; converted as
+  // at::Tensor::copy_ does). The stored shape must equal dst's shape (UserError naming file,
+  // tensor, both shapes). `dst` may be a strided view (e.g. a slice of a fused weight).
+  // Safe to call from several threads at once for different destinations.
+  void load_into(const std::string& name, const at::Tensor& dst) const;
+
   // Checks that the names are exactly `expected` (plus any matching `ignore_prefixes`);
   // a UserError lists the missing and the unexpected names.
   void expect_names(const std::vector<std::string>& expected,

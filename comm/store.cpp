@@ -1,0 +1,246 @@
+#include "comm/store.h"
+
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+#include <fmt/ranges.h>
+
+#include "comm/error.h"
+#include "comm/identity.h"
+#include "comm/log.h"
+
+namespace dflash::comm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+Clock::time_point deadline_after(double s) {
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+}
+
+std::vector<std::string> split_lines(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string line;
+  while (std::getline(ss, line)) out.push_back(line);
+  return out;
+}
+
+}  // namespace
+
+// ---- Store defaults -----------------------------------------------------------------------
+void Store::wait(const std::vector<std::string>& keys, double timeout_s) {
+  auto deadline = deadline_after(timeout_s);
+  auto pause = std::chrono::milliseconds(5);
+  while (!check(keys)) {
+    if (Clock::now() > deadline) {
+      std::vector<std::string> missing;
+      for (const auto& k : keys)
+        if (!check({k})) missing.push_back(k);
+      throw CommError(fmt::format("store: key(s) {} did not appear within {:.1f} s",
+                                  fmt::join(missing, ", "), timeout_s));
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(100));
+  }
+}
+
+void Store::set_string(const std::string& key, const std::string& value) {
+  set(key, std::vector<uint8_t>(value.begin(), value.end()));
+}
+
+std::string Store::get_string(const std::string& key, double timeout_s) {
+  std::vector<uint8_t> v = get(key, timeout_s);
+  return std::string(v.begin(), v.end());
+}
+
+// ---- HashStore ----------------------------------------------------------------------------
+struct HashStore::Impl {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<std::string, std::vector<uint8_t>> map;
+};
+
+HashStore::HashStore() : impl_(std::make_unique<Impl>()) {}
+HashStore::~HashStore() = default;
+
+void HashStore::set(const std::string& key, const std::vector<uint8_t>& value) {
+  {
+    std::lock_guard<std::mutex> g(impl_->mu);
+    impl_->map[key] = value;
+  }
+  impl_->cv.notify_all();
+}
+
+std::vector<uint8_t> HashStore::get(const std::string& key, double timeout_s) {
+  wait({key}, timeout_s);
+  std::lock_guard<std::mutex> g(impl_->mu);
+  return impl_->map.at(key);
+}
+
+int64_t HashStore::add(const std::string& key, int64_t delta) {
+  int64_t value = 0;
+  {
+    std::lock_guard<std::mutex> g(impl_->mu);
+    auto it = impl_->map.find(key);
+    if (it != impl_->map.end()) value = std::stoll(std::string(it->second.begin(), it->second.end()));
+    value += delta;
+    std::string s = std::to_string(value);
+    impl_->map[key] = std::vector<uint8_t>(s.begin(), s.end());
+  }
+  impl_->cv.notify_all();
+  return value;
+}
+
+bool HashStore::check(const std::vector<std::string>& keys) {
+  std::lock_guard<std::mutex> g(impl_->mu);
+  for (const auto& k : keys)
+    if (!impl_->map.count(k)) return false;
+  return true;
+}
+
+void HashStore::wait(const std::vector<std::string>& keys, double timeout_s) {
+  std::unique_lock<std::mutex> g(impl_->mu);
+  auto have_all = [&] {
+    for (const auto& k : keys)
+      if (!impl_->map.count(k)) return false;
+    return true;
+  };
+  if (impl_->cv.wait_until(g, deadline_after(timeout_s), have_all)) return;
+  std::vector<std::string> missing;
+  for (const auto& k : keys)
+    if (!impl_->map.count(k)) missing.push_back(k);
+  throw CommError(fmt::format("store: key(s) {} did not appear within {:.1f} s", fmt::join(missing, ", "),
+                              timeout_s));
+}
+
+// ---- TcpStore (c10d::TCPStore) --------------------------------------------------------------
+struct TcpStore::Impl {
+  c10::intrusive_ptr<c10d::TCPStore> store;
+  std::string prefix;
+  std::string where;
+};
+
+TcpStore::TcpStore(const std::string& host, int port, bool is_server, double timeout_s,
+                   const std::string& prefix)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->prefix = prefix;
+  impl_->where = fmt::format("{}:{}", host, port);
+  c10d::TCPStoreOptions opts;
+  opts.port = static_cast<uint16_t>(port);
+  opts.isServer = is_server;
+  opts.waitWorkers = false;  // our rendezvous waits, with a deadline and a list of who is missing
+  opts.multiTenant = true;
+  opts.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  try {
+    impl_->store = c10::make_intrusive<c10d::TCPStore>(host, opts);
+  } catch (const std::exception& e) {
+    throw CommError(fmt::format("TCP store at {} (MASTER_ADDR:MASTER_PORT): cannot {} within {:.0f} s: {}",
+                                impl_->where, is_server ? "serve" : "connect", timeout_s,
+                                split_lines(e.what()).empty() ? "" : split_lines(e.what())[0]));
+  }
+}
+
+TcpStore::~TcpStore() = default;
+
+void TcpStore::set(const std::string& key, const std::vector<uint8_t>& value) {
+  try {
+    impl_->store->set(impl_->prefix + key, value);
+  } catch (const std::exception& e) {
+    throw CommError(fmt::format("TCP store at {}: set '{}' failed: {}", impl_->where, key, e.what()));
+  }
+}
+
+std::vector<uint8_t> TcpStore::get(const std::string& key, double timeout_s) {
+  wait({key}, timeout_s);
+  try {
+    return impl_->store->get(impl_->prefix + key);
+  } catch (const std::exception& e) {
+    throw CommError(fmt::format("TCP store at {}: get '{}' failed: {}", impl_->where, key, e.what()));
+  }
+}
+
+int64_t TcpStore::add(const std::string& key, int64_t delta) {
+  try {
+    return impl_->store->add(impl_->prefix + key, delta);
+  } catch (const std::exception& e) {
+    throw CommError(fmt::format("TCP store at {}: add '{}' failed: {}", impl_->where, key, e.what()));
+  }
+}
+
+bool TcpStore::check(const std::vector<std::string>& keys) {
+  std::vector<std::string> full;
+  for (const auto& k : keys) full.push_back(impl_->prefix + k);
+  try {
+    return impl_->store->check(full);
+  } catch (const std::exception& e) {
+    throw CommError(fmt::format("TCP store at {}: lost the connection (the rank serving it may have "
+                                "died): {}", impl_->where, split_lines(e.what()).empty() ? "" : split_lines(e.what())[0]));
+  }
+}
+
+std::unique_ptr<Store> make_store(const Identity& id, double timeout_s) {
+  if (id.master_addr.empty())
+    throw_user("rendezvous needs MASTER_ADDR (the host of rank 0) in the environment ({} launch, world "
+               "size {})", source_name(id.source), id.world_size);
+  if (id.master_port <= 0)
+    throw_user("rendezvous needs MASTER_PORT (a free TCP port on MASTER_ADDR) in the environment ({} "
+               "launch, world size {})", source_name(id.source), id.world_size);
+  bool server = id.rank == 0 && !id.agent_store;
+  std::string prefix = fmt::format("dflash/a{}/", id.restart_count);
+  log::debug("TCP store {}:{} ({}), keys under '{}'", id.master_addr, id.master_port,
+             server ? "serving" : "client", prefix);
+  return std::make_unique<TcpStore>(id.master_addr, id.master_port, server, timeout_s, prefix);
+}
+
+// ---- rendezvous -----------------------------------------------------------------------------
+std::vector<std::string> rendezvous(Store& store, const std::string& tag, int rank, int world_size,
+                                    const std::string& info, double timeout_s) {
+  DFLASH_CHECK(info.find('\n') == std::string::npos, "rendezvous info must be one line: '{}'", info);
+  auto key = [&](int r) { return fmt::format("rdzv/{}/rank/{}", tag, r); };
+  std::string all_key = fmt::format("rdzv/{}/all", tag);
+  store.set_string(key(rank), info);
+  if (rank != 0) {
+    try {
+      return split_lines(store.get_string(all_key, timeout_s));
+    } catch (const CommError&) {
+      throw CommError(fmt::format("rendezvous '{}': rank 0 did not complete it within {:.0f} s (rank 0 "
+                                  "died, or other ranks never arrived; see rank 0's log)",
+                                  tag, timeout_s));
+    }
+  }
+  auto deadline = deadline_after(timeout_s);
+  std::vector<bool> arrived(world_size, false);
+  auto pause = std::chrono::milliseconds(2);
+  for (;;) {
+    std::vector<int> missing;
+    for (int r = 0; r < world_size; ++r) {
+      if (!arrived[r]) arrived[r] = store.check({key(r)});
+      if (!arrived[r]) missing.push_back(r);
+    }
+    if (missing.empty()) break;
+    if (Clock::now() > deadline) {
+      throw CommError(fmt::format("rendezvous '{}': rank{} {} of {} did not arrive within {:.0f} s "
+                                  "(comm.startup_timeout_s)", tag, missing.size() > 1 ? "s" : "",
+                                  fmt::join(missing, ", "), world_size, timeout_s));
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, std::chrono::milliseconds(100));
+  }
+  std::vector<std::string> infos(world_size);
+  std::string joined;
+  for (int r = 0; r < world_size; ++r) {
+    infos[r] = store.get_string(key(r), timeout_s);
+    joined += infos[r] + "\n";
+  }
+  store.set_string(all_key, joined);
+  return infos;
+}
+
+}  // namespace dflash::comm

@@ -1,0 +1,85 @@
+// A tiny key-value store for rendezvous, and the rendezvous itself.
+//
+// Owns: the Store interface (set, get with a deadline, add, check, wait with a deadline) and
+// two implementations:
+//  - TcpStore: LibTorch's own c10d::TCPStore (libtorch_cpu) on MASTER_ADDR:MASTER_PORT. Rank 0
+//    serves it, the others connect; under torchrun (TORCHELASTIC_USE_AGENT_STORE=True) the
+//    agent already serves one there and every rank connects as a client. Our keys live under
+//    "dflash/a<TORCHELASTIC_RESTART_COUNT>/" so that a restarted attempt never reads the keys
+//    of the previous one (torch 2.11's own workers use no prefix on the agent store).
+//  - HashStore: in memory, for unit tests (several "ranks" as threads of one process).
+// rendezvous(): every rank registers; rank 0 waits with a deadline; on timeout the error
+// lists the ranks that never arrived.
+// Thread-safety: HashStore is fully thread-safe; one TcpStore object serialises its own calls
+// (c10d's client holds a lock), so it may be shared between threads.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace dflash::comm {
+
+struct Identity;
+
+class Store {
+ public:
+  virtual ~Store() = default;
+  virtual void set(const std::string& key, const std::vector<uint8_t>& value) = 0;
+  // Waits up to timeout_s for the key; CommError naming the key on expiry.
+  virtual std::vector<uint8_t> get(const std::string& key, double timeout_s) = 0;
+  virtual int64_t add(const std::string& key, int64_t delta) = 0;
+  // True when every key exists (does not wait).
+  virtual bool check(const std::vector<std::string>& keys) = 0;
+  // Waits up to timeout_s for every key; CommError listing the missing keys on expiry.
+  virtual void wait(const std::vector<std::string>& keys, double timeout_s);
+
+  void set_string(const std::string& key, const std::string& value);
+  std::string get_string(const std::string& key, double timeout_s);
+};
+
+class HashStore : public Store {
+ public:
+  HashStore();
+  ~HashStore() override;
+  void set(const std::string& key, const std::vector<uint8_t>& value) override;
+  std::vector<uint8_t> get(const std::string& key, double timeout_s) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  bool check(const std::vector<std::string>& keys) override;
+  void wait(const std::vector<std::string>& keys, double timeout_s) override;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+class TcpStore : public Store {
+ public:
+  // Serves the store when is_server, else connects (retrying until timeout_s).
+  // CommError naming host:port when it cannot bind or connect.
+  TcpStore(const std::string& host, int port, bool is_server, double timeout_s,
+           const std::string& prefix);
+  ~TcpStore() override;
+  void set(const std::string& key, const std::vector<uint8_t>& value) override;
+  std::vector<uint8_t> get(const std::string& key, double timeout_s) override;
+  int64_t add(const std::string& key, int64_t delta) override;
+  bool check(const std::vector<std::string>& keys) override;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The store of this run from its identity: TcpStore on MASTER_ADDR:MASTER_PORT (rank 0 serves
+// unless the torchrun agent does). UserError naming MASTER_ADDR/MASTER_PORT when absent.
+std::unique_ptr<Store> make_store(const Identity& id, double timeout_s);
+
+// Every rank registers `info` under `tag`; rank 0 waits up to timeout_s for all, then
+// publishes the list; the others wait for it. Returns every rank's info (index = rank).
+// CommError on rank 0: "rendezvous 'tag': ranks 2, 5 of 8 did not arrive within 30 s";
+// on the others: "rendezvous 'tag': rank 0 did not complete it within 30 s".
+std::vector<std::string> rendezvous(Store& store, const std::string& tag, int rank, int world_size,
+                                    const std::string& info, double timeout_s);
+
+}  // namespace dflash::comm

@@ -1,0 +1,238 @@
+#include "comm/watchdog.h"
+
+#include <mpi.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "comm/error.h"
+#include "comm/identity.h"
+#include "comm/log.h"
+
+namespace dflash::comm {
+namespace {
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Lock-free table of current waits: read by the signal handler and the watchdog thread.
+struct Slot {
+  std::atomic<bool> used{false};
+  std::atomic<int64_t> deadline_ns{0};  // 0: none
+  char text[480] = {0};
+};
+Slot g_slots[kMaxWaits];
+char g_prefix[96] = "[dflash]";  // copied from log::prefix() for the signal handler
+std::atomic<bool> g_ending{false};
+
+std::mutex g_mu;
+std::function<std::string(int)> g_namer;
+std::map<int, std::function<void(const std::string&)>> g_aborts;
+int g_next_abort = 0;
+
+void refresh_prefix() {
+  std::string p = log::prefix();
+  std::snprintf(g_prefix, sizeof(g_prefix), "%s", p.c_str());
+}
+
+void write_str(const char* s) {
+  size_t n = std::strlen(s);
+  while (n > 0) {
+    ssize_t w = ::write(2, s, n);
+    if (w <= 0) return;
+    s += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+void on_signal(int sig) {
+  if (g_ending.load()) _exit(kExitComm);  // already failing (its own message is out): just go
+  const char* name = sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : "SIGHUP";
+  bool any = false;
+  for (Slot& s : g_slots) {
+    if (!s.used.load(std::memory_order_acquire)) continue;
+    any = true;
+    write_str(g_prefix);
+    write_str(" error: terminated by ");
+    write_str(name);
+    write_str(" (the launcher ends every rank when one fails) while blocked in ");
+    write_str(s.text);
+    write_str("\n");
+  }
+  if (!any) {
+    write_str(g_prefix);
+    write_str(" error: terminated by ");
+    write_str(name);
+    write_str(" while not blocked in a communication\n");
+  }
+  _exit(kExitComm);
+}
+
+void watchdog_loop(double grace_s) {
+  for (;;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    int64_t now = now_ns();
+    for (Slot& s : g_slots) {
+      if (!s.used.load(std::memory_order_acquire)) continue;
+      int64_t d = s.deadline_ns.load();
+      if (d <= 0 || now < d + static_cast<int64_t>(grace_s * 1e9)) continue;
+      fail_fast(kExitComm, fmt::format("watchdog: {} did not finish {:.0f} s after its deadline; "
+                                       "aborting", s.text, grace_s));
+    }
+  }
+}
+
+}  // namespace
+
+void set_rank_namer(std::function<std::string(int)> namer) {
+  std::lock_guard<std::mutex> g(g_mu);
+  g_namer = std::move(namer);
+  refresh_prefix();
+}
+
+std::string name_rank(int rank) {
+  std::lock_guard<std::mutex> g(g_mu);
+  if (g_namer) return g_namer(rank);
+  return fmt::format("rank {}", rank);
+}
+
+std::string describe_wait(const std::string& op, int peer, int64_t batch) {
+  std::string s = op;
+  if (peer != kNoPeer) s += fmt::format(" with {}", name_rank(peer));
+  if (batch != kNoBatch) s += fmt::format(", batch {}", batch);
+  return s;
+}
+
+BlockedOn::BlockedOn(const std::string& op, int peer, int64_t batch, double timeout_s)
+    : what_(describe_wait(op, peer, batch)), timeout_s_(timeout_s), start_ns_(now_ns()) {
+  for (int i = 0; i < kMaxWaits; ++i) {
+    // claim by CAS on the deadline (0 = free), write the text, then publish with `used`
+    if (!g_slots[i].used.load() && g_slots[i].deadline_ns.load() == 0) {
+      int64_t want = timeout_s > 0 ? start_ns_ + static_cast<int64_t>(timeout_s * 1e9) : -1;
+      int64_t zero = 0;
+      if (!g_slots[i].deadline_ns.compare_exchange_strong(zero, want)) continue;
+      std::snprintf(g_slots[i].text, sizeof(g_slots[i].text), "%s", what_.c_str());
+      g_slots[i].used.store(true, std::memory_order_release);
+      slot_ = i;
+      break;
+    }
+  }
+}
+
+BlockedOn::~BlockedOn() {
+  if (slot_ >= 0) {
+    g_slots[slot_].used.store(false, std::memory_order_release);
+    g_slots[slot_].deadline_ns.store(0);
+  }
+}
+
+bool BlockedOn::expired() const { return timeout_s_ > 0 && elapsed_s() > timeout_s_; }
+
+double BlockedOn::elapsed_s() const { return (now_ns() - start_ns_) * 1e-9; }
+
+std::string BlockedOn::timeout_message(const std::string& detail) const {
+  return fmt::format("timed out after {:.1f} s in {}{}{}", elapsed_s(), what_, detail.empty() ? "" : ": ",
+                     detail);
+}
+
+void BlockedOn::throw_timeout(const std::string& detail) const { throw CommError(timeout_message(detail)); }
+
+int register_abort(std::function<void(const std::string&)> fn) {
+  std::lock_guard<std::mutex> g(g_mu);
+  int id = g_next_abort++;
+  g_aborts[id] = std::move(fn);
+  return id;
+}
+
+void unregister_abort(int id) {
+  std::lock_guard<std::mutex> g(g_mu);
+  g_aborts.erase(id);
+}
+
+void abort_all(const std::string& reason) {
+  std::map<int, std::function<void(const std::string&)>> fns;
+  {
+    std::lock_guard<std::mutex> g(g_mu);
+    fns.swap(g_aborts);
+  }
+  for (auto& kv : fns) {
+    try {
+      kv.second(reason);
+    } catch (...) {
+      // aborting is best effort; the process ends next
+    }
+  }
+}
+
+int exit_code_of(const std::exception& e) {
+  if (dynamic_cast<const UserError*>(&e)) return kExitUser;
+  if (dynamic_cast<const CommError*>(&e)) return kExitComm;
+  return kExitInternal;
+}
+
+void fail_fast(int code, const std::string& message) {
+  if (g_ending.exchange(true)) {
+    // another thread is already ending the process
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+  log::error("{}", message);
+  abort_all(message);
+  std::fflush(nullptr);
+  if (mpi_active()) {
+    int size = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (size > 1) MPI_Abort(MPI_COMM_WORLD, code);
+  }
+  std::_Exit(code);
+}
+
+void fail_fast(const std::exception& e) {
+  int code = exit_code_of(e);
+  fail_fast(code, code == kExitInternal ? fmt::format("internal error: {}", e.what()) : e.what());
+}
+
+void install_watchdog(double grace_s) {
+  refresh_prefix();
+  struct sigaction sa;
+  std::memset(&sa, 0, sizeof(sa));
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGHUP, &sa, nullptr);
+  static std::once_flag once;
+  std::call_once(once, [grace_s] { std::thread(watchdog_loop, grace_s).detach(); });
+}
+
+void maybe_inject_failure(int rank, int64_t batch) {
+  static const char* spec = std::getenv("DFLASH_TEST_FAIL_AT");
+  if (!spec || !*spec) return;
+  int r = -1;
+  long long b = -1;
+  char kind[16] = {0};
+  if (std::sscanf(spec, "%d:%lld:%15s", &r, &b, kind) != 3)
+    throw_user("environment variable DFLASH_TEST_FAIL_AT='{}' is not rank:batch:kind", spec);
+  if (r != rank || b != batch) return;
+  std::string k = kind;
+  log::warn("DFLASH_TEST_FAIL_AT: injecting '{}' at batch {}", k, batch);
+  if (k == "throw") throw std::runtime_error(fmt::format("injected failure (DFLASH_TEST_FAIL_AT) at batch {}", batch));
+  if (k == "sigkill") raise(SIGKILL);
+  if (k == "hang") {
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
+  throw_user("environment variable DFLASH_TEST_FAIL_AT: kind '{}' is not throw, sigkill or hang", k);
+}
+
+}  // namespace dflash::comm

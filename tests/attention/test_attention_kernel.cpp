@@ -1,0 +1,317 @@
+// GPU tests of the block-sparse DFlash attention kernel (attention/kernel.h) against a dense
+// fp32 reference written here from DFLASH.md §2.3 (plain ATen math with a dense boolean mask).
+//
+// Tolerance: for O, dQ, dK and dV the kernel's relative Frobenius error against the fp32
+// reference must be at most 2x that of the bf16 LibTorch SDPA-with-additive-mask path (computed
+// in this file, on the same inputs) plus 1e-6 (only matters where both are exactly zero, e.g.
+// the gradients of keys no query sees). Both paths round inputs, P and outputs to bf16, so the
+// SDPA error is the natural yardstick of "bf16 rounding only"; a wrong mask or index gives
+// errors near 1. No output may be NaN; outputs are poisoned with NaN before each raw launch so
+// an element the kernel forgets to write fails the test.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <random>
+#include <vector>
+
+#include "attention/dflash_attention.h"
+#include "comm/error.h"
+#if DFLASH_ATTENTION_KERNEL
+#include <c10/cuda/CUDAStream.h>
+
+#include "attention/kernel.h"
+#endif
+
+namespace dflash::attention {
+namespace {
+
+#if DFLASH_ATTENTION_KERNEL
+bool have_gpu() { return at::hasCUDA(); }
+#else
+bool have_gpu() { return false; }
+#endif
+
+struct Case {
+  const char* name;
+  int B, Hq, Hkv, N, bs, C, d;
+  int docs = 1;          // documents packed in the context of each row
+  bool sorted = true;    // blocks sorted by (ctx_begin, ctx_end)
+  double drop = 0.1;     // probability of keep = false
+  bool all_dropped_row = false;  // batch row 0 keeps no block
+};
+
+// Anchors uniform in the document, with 0 (nothing), 1 and the document end forced in.
+MaskSpec make_spec(const Case& c, std::mt19937& rng) {
+  std::vector<int64_t> cb(c.B * c.N), ce(c.B * c.N);
+  std::vector<uint8_t> keep(c.B * c.N);
+  for (int b = 0; b < c.B; ++b) {
+    std::vector<std::tuple<int64_t, int64_t, uint8_t>> blocks;
+    for (int j = 0; j < c.N; ++j) {
+      const int doc = j % c.docs;
+      const int64_t lo = (int64_t)c.C * doc / c.docs, hi = (int64_t)c.C * (doc + 1) / c.docs;
+      int64_t a;
+      if (j == 0) a = lo;                  // sees no context (anchor 0 of its document)
+      else if (j == 1) a = std::min(lo + 1, hi);
+      else if (j == 2) a = hi;             // the maximum anchor
+      else a = lo + (int64_t)(rng() % (uint64_t)(hi - lo + 1));
+      const bool k = !(c.all_dropped_row && b == 0) &&
+                     std::uniform_real_distribution<double>(0, 1)(rng) >= c.drop;
+      blocks.emplace_back(lo, a, k);
+    }
+    if (c.sorted) std::sort(blocks.begin(), blocks.end());
+    else std::shuffle(blocks.begin(), blocks.end(), rng);
+    for (int j = 0; j < c.N; ++j) {
+      cb[b * c.N + j] = std::get<0>(blocks[j]);
+      ce[b * c.N + j] = std::get<1>(blocks[j]);
+      keep[b * c.N + j] = std::get<2>(blocks[j]);
+    }
+  }
+  MaskSpec s;
+  s.ctx_begin = at::tensor(cb, at::kLong).view({c.B, c.N});
+  s.ctx_end = at::tensor(ce, at::kLong).view({c.B, c.N});
+  s.keep = at::tensor(std::vector<int64_t>(keep.begin(), keep.end()), at::kLong).view({c.B, c.N}).to(at::kBool);
+  s.ctx_len = c.C;
+  s.block_size = c.bs;
+  return s;
+}
+
+// Dense boolean mask [B, N*bs, C + N*bs] written from DFLASH.md §2.3 with loops (independent
+// of the kernel's metadata code).
+at::Tensor dense_mask(const MaskSpec& s) {
+  const int64_t B = s.ctx_end.size(0), N = s.ctx_end.size(1), bs = s.block_size, C = s.ctx_len;
+  at::Tensor m = at::zeros({B, N * bs, C + N * bs}, at::kBool);
+  auto acc = m.accessor<bool, 3>();
+  auto cb = s.ctx_begin.accessor<int64_t, 2>();
+  auto ce = s.ctx_end.accessor<int64_t, 2>();
+  auto kp = s.keep.accessor<bool, 2>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = 0; j < N; ++j) {
+      if (!kp[b][j]) continue;
+      for (int64_t i = 0; i < bs; ++i) {
+        const int64_t r = j * bs + i;
+        for (int64_t c = cb[b][j]; c < ce[b][j]; ++c) acc[b][r][c] = true;
+        for (int64_t c = 0; c < bs; ++c) acc[b][r][C + j * bs + c] = true;
+      }
+    }
+  return m;
+}
+
+struct Grads {
+  at::Tensor o, dq, dk, dv;
+};
+
+// fp32 dense reference (fully masked rows give 0), with gradients for upstream gradient dout.
+Grads reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                const at::Tensor& mask, const at::Tensor& dout) {
+  auto qf = q.to(at::kFloat).detach().requires_grad_(true);
+  auto kf = k.to(at::kFloat).detach().requires_grad_(true);
+  auto vf = v.to(at::kFloat).detach().requires_grad_(true);
+  const int64_t G = q.size(1) / k.size(1);
+  auto ke = kf.repeat_interleave(G, 1), ve = vf.repeat_interleave(G, 1);
+  auto m = mask.unsqueeze(1).to(q.device());
+  auto s = at::matmul(qf, ke.transpose(-1, -2)) / std::sqrt((double)q.size(3));
+  s = s.masked_fill(m.logical_not(), -1e30);
+  auto p = at::softmax(s, -1) * m.to(at::kFloat);
+  auto o = at::matmul(p, ve);
+  o.backward(dout.to(at::kFloat));
+  return {o.detach(), qf.grad(), kf.grad(), vf.grad()};
+}
+
+// bf16 LibTorch SDPA with an additive bf16 mask (the reference path's method); K/V padded to a
+// multiple of 128 with masked keys (pytorch#196678); NaN of fully masked rows read as 0.
+Grads sdpa_bf16(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                const at::Tensor& mask, const at::Tensor& dout) {
+  auto qb = q.detach().requires_grad_(true);
+  auto kb = k.detach().requires_grad_(true);
+  auto vb = v.detach().requires_grad_(true);
+  const int64_t G = q.size(1) / k.size(1), kv = k.size(2), pad = (kv + 127) / 128 * 128 - kv;
+  auto ke = at::constant_pad_nd(kb.repeat_interleave(G, 1), {0, 0, 0, pad});
+  auto ve = at::constant_pad_nd(vb.repeat_interleave(G, 1), {0, 0, 0, pad});
+  auto mp = at::constant_pad_nd(mask.to(q.device()), {0, pad}, 0);
+  auto add = at::zeros(mp.sizes(), q.options()).masked_fill(mp.logical_not(), -INFINITY).unsqueeze(1);
+  auto o = at::scaled_dot_product_attention(qb, ke, ve, add);
+  o.backward(dout);
+  return {o.detach().nan_to_num(0), qb.grad().nan_to_num(0), kb.grad().nan_to_num(0),
+          vb.grad().nan_to_num(0)};
+}
+
+double rel_err(const at::Tensor& x, const at::Tensor& ref) {
+  const double den = ref.norm().item<double>();
+  const double num = (x.to(at::kFloat) - ref).norm().item<double>();
+  return den > 0 ? num / den : num;
+}
+double max_abs(const at::Tensor& x, const at::Tensor& ref) {
+  return (x.to(at::kFloat) - ref).abs().max().item<double>();
+}
+bool has_nan(const at::Tensor& x) { return x.isnan().any().item<bool>(); }
+
+#if DFLASH_ATTENTION_KERNEL
+void fill_strides(const at::Tensor& t, int64_t& sb, int64_t& sh, int64_t& sr) {
+  sb = t.stride(0);
+  sh = t.stride(1);
+  sr = t.stride(2);
+}
+
+// The raw launches with NaN-poisoned outputs.
+Grads kernel_raw(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                 const at::Tensor& meta, const at::Tensor& dout, at::Tensor* lse_out) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  AttnParams p;
+  p.B = q.size(0);
+  p.Hq = q.size(1);
+  p.Hkv = k.size(1);
+  p.q_len = q.size(2);
+  p.kv_len = k.size(2);
+  p.d = q.size(3);
+  p.scale = 1.0f / std::sqrt((float)p.d);
+  p.meta = meta_view(meta.data_ptr<int32_t>(), p.B, p.q_len, p.kv_len);
+  p.q = q.data_ptr();
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  fill_strides(q, p.q_sb, p.q_sh, p.q_sr);
+  fill_strides(k, p.k_sb, p.k_sh, p.k_sr);
+  fill_strides(v, p.v_sb, p.v_sh, p.v_sr);
+  auto o = at::full_like(q, nan), lse = at::full({p.B, p.Hq, p.q_len}, nan, q.options().dtype(at::kFloat));
+  p.o = o.data_ptr();
+  fill_strides(o, p.o_sb, p.o_sh, p.o_sr);
+  p.lse = lse.data_ptr<float>();
+  void* stream = c10::cuda::getCurrentCUDAStream().stream();
+  launch_attn_fwd(p, stream);
+  auto dq = at::full_like(q, nan), dk = at::full_like(k, nan), dv = at::full_like(v, nan);
+  auto delta = at::full({p.B, p.Hq, p.q_len}, nan, q.options().dtype(at::kFloat));
+  p.dout = dout.data_ptr();
+  fill_strides(dout, p.do_sb, p.do_sh, p.do_sr);
+  p.delta = delta.data_ptr<float>();
+  p.dq = dq.data_ptr();
+  p.dk = dk.data_ptr();
+  p.dv = dv.data_ptr();
+  fill_strides(dq, p.dq_sb, p.dq_sh, p.dq_sr);
+  fill_strides(dk, p.dk_sb, p.dk_sh, p.dk_sr);
+  fill_strides(dv, p.dv_sb, p.dv_sh, p.dv_sr);
+  launch_attn_bwd(p, stream);
+  if (lse_out) *lse_out = lse;
+  return {o, dq, dk, dv};
+}
+
+Prepared kernel_prepared(const MaskSpec& spec, at::Device dev) {
+  Prepared p;
+  p.spec = spec;
+  p.backend = Backend::Kernel;
+  p.kv_len = spec.ctx_len + spec.ctx_end.size(1) * spec.block_size;
+  p.kernel_meta = kernel_prepare_meta(spec, dev);
+  return p;
+}
+#endif
+
+class KernelVsReference : public ::testing::TestWithParam<Case> {};
+
+TEST_P(KernelVsReference, MatchesDenseFp32WithinTwiceSdpaError) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device or kernel not built";
+#if DFLASH_ATTENTION_KERNEL
+  const Case c = GetParam();
+  std::mt19937 rng(1234 + c.N * 7 + c.C);
+  at::manual_seed(42 + c.d + c.C);
+  const at::Device dev(at::kCUDA, 0);
+  const MaskSpec spec = make_spec(c, rng);
+  const at::Tensor mask = dense_mask(spec);
+  auto opt = at::TensorOptions().device(dev).dtype(at::kBFloat16);
+  const int64_t ql = (int64_t)c.N * c.bs, kl = c.C + ql;
+  auto q = at::randn({c.B, c.Hq, ql, c.d}, opt);
+  auto k = at::randn({c.B, c.Hkv, kl, c.d}, opt);
+  auto v = at::randn({c.B, c.Hkv, kl, c.d}, opt);
+  auto dout = at::randn({c.B, c.Hq, ql, c.d}, opt);
+
+  const Prepared prep = kernel_prepared(spec, dev);
+  at::Tensor lse;
+  const Grads kr = kernel_raw(q, k, v, prep.kernel_meta, dout, &lse);
+  const Grads ref = reference(q, k, v, mask, dout);
+  const Grads sd = sdpa_bf16(q, k, v, mask, dout);
+
+  const char* names[4] = {"O", "dQ", "dK", "dV"};
+  const at::Tensor* kt[4] = {&kr.o, &kr.dq, &kr.dk, &kr.dv};
+  const at::Tensor* rt[4] = {&ref.o, &ref.dq, &ref.dk, &ref.dv};
+  const at::Tensor* st[4] = {&sd.o, &sd.dq, &sd.dk, &sd.dv};
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_FALSE(has_nan(*kt[i])) << c.name << ": NaN (or unwritten element) in kernel " << names[i];
+    const double ek = rel_err(*kt[i], *rt[i]), es = rel_err(*st[i], *rt[i]);
+    std::printf("[%s] %s: kernel rel %.3e (max abs %.3e), sdpa bf16 rel %.3e (max abs %.3e)\n",
+                c.name, names[i], ek, max_abs(*kt[i], *rt[i]), es, max_abs(*st[i], *rt[i]));
+    EXPECT_LE(ek, 2.0 * es + 1e-6) << c.name << ": " << names[i];
+  }
+  // LSE: finite exactly for rows that see a key; -inf otherwise; matches fp32 logsumexp.
+  auto m = mask.to(dev).unsqueeze(1).expand({c.B, c.Hq, ql, kl});
+  const int64_t G = c.Hq / c.Hkv;
+  auto s = at::matmul(q.to(at::kFloat), k.to(at::kFloat).repeat_interleave(G, 1).transpose(-1, -2)) /
+           std::sqrt((double)c.d);
+  auto lref = at::logsumexp(s.masked_fill(m.logical_not(), -INFINITY), -1);
+  auto seen = m.any(-1);
+  ASSERT_FALSE(has_nan(lse)) << c.name << ": NaN in LSE";
+  EXPECT_TRUE(at::equal(at::isfinite(lse), seen)) << c.name << ": LSE finite iff the row sees a key";
+  auto lerr = (lse - lref).masked_fill(seen.logical_not(), 0).abs().max().item<double>();
+  EXPECT_LE(lerr, 1e-3) << c.name << ": LSE error (fp32 of bf16 inputs; ex2.approx/log2 ~1e-6 rel)";
+  // Rows that see nothing: exact zeros.
+  auto zero_rows = seen.logical_not().unsqueeze(-1).expand_as(kr.o);
+  EXPECT_EQ(kr.o.masked_select(zero_rows).abs().sum().item<float>(), 0.f);
+  EXPECT_EQ(kr.dq.masked_select(zero_rows).abs().sum().item<float>(), 0.f);
+
+  // The autograd wrapper gives bit-identical results to the raw launches (same kernels).
+  auto qa = q.detach().requires_grad_(true), ka = k.detach().requires_grad_(true),
+       va = v.detach().requires_grad_(true);
+  auto oa = kernel_attend(qa, ka, va, prep);
+  oa.backward(dout);
+  EXPECT_TRUE(at::equal(oa, kr.o)) << c.name;
+  EXPECT_TRUE(at::equal(qa.grad(), kr.dq)) << c.name;
+  EXPECT_TRUE(at::equal(ka.grad(), kr.dk)) << c.name;
+  EXPECT_TRUE(at::equal(va.grad(), kr.dv)) << c.name;
+#endif
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, KernelVsReference,
+    ::testing::Values(
+        //   name          B  Hq Hkv  N  bs    C    d  docs sorted drop  all_dropped_row
+        Case{"small_gqa", 2, 4, 2, 12, 16, 200, 128, 1, true, 0.1, false},
+        Case{"odd_d64", 2, 3, 3, 7, 10, 77, 64, 1, true, 0.2, false},
+        Case{"packed_docs", 1, 4, 1, 24, 16, 300, 128, 3, true, 0.1, false},
+        Case{"unsorted", 2, 4, 2, 20, 16, 333, 128, 1, false, 0.1, false},
+        Case{"dropped_row", 2, 2, 1, 9, 16, 130, 128, 1, true, 0.0, true},
+        Case{"anchor0_only", 1, 2, 2, 3, 16, 64, 64, 1, true, 0.0, false},
+        Case{"larger_gqa4", 2, 8, 2, 64, 16, 1500, 128, 1, true, 0.05, false},
+        Case{"larger_d64_packed", 2, 4, 1, 40, 16, 900, 64, 2, true, 0.05, false}),
+    [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
+
+TEST(KernelValidation, RejectsBadInputsWithNamedErrors) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device or kernel not built";
+#if DFLASH_ATTENTION_KERNEL
+  const at::Device dev(at::kCUDA, 0);
+  std::mt19937 rng(7);
+  const Case c{"v", 1, 4, 2, 4, 16, 50, 128};
+  const MaskSpec spec = make_spec(c, rng);
+  const Prepared prep = kernel_prepared(spec, dev);
+  auto opt = at::TensorOptions().device(dev).dtype(at::kBFloat16);
+  auto q = at::randn({1, 4, 64, 128}, opt), k = at::randn({1, 2, 114, 128}, opt);
+  try {
+    kernel_attend(q.to(at::kFloat), k, k, prep);
+    FAIL() << "fp32 q accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("q must be bfloat16"), std::string::npos) << e.what();
+  }
+  try {
+    kernel_attend(q, at::randn({1, 3, 114, 128}, opt), at::randn({1, 3, 114, 128}, opt), prep);
+    FAIL() << "4 q heads over 3 kv heads accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("multiple"), std::string::npos) << e.what();
+  }
+  try {
+    kernel_attend(q, at::randn({1, 2, 100, 128}, opt), at::randn({1, 2, 100, 128}, opt), prep);
+    FAIL() << "wrong key length accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("k length"), std::string::npos) << e.what();
+  }
+#endif
+}
+
+}  // namespace
+}  // namespace dflash::attention

@@ -1,0 +1,201 @@
+// Multi-process tests of the MPI Communicator, run by ctest under `mpirun -np 2|3|8` (see
+// CMakeLists.txt). Every rank runs every test; a test fails on the rank that sees the problem.
+// References are independent of the transport: the receiver regenerates the sender's tensors
+// from (seed, batch, index) and compares their bytes (random bytes, so every bit pattern of a
+// dtype, NaNs included, must survive); all-reduce inputs are small integers stored in floats,
+// whose sums are exact in fp32/bf16/fp16, so the expected values are computed in closed form.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include "comm/communicator.h"
+#include "comm/error.h"
+#include "comm/identity.h"
+#include "comm/watchdog.h"
+
+using namespace dflash::comm;
+
+namespace {
+
+Communicator* g_comm = nullptr;
+int R() { return g_comm->rank(); }
+int W() { return g_comm->world_size(); }
+
+// Random bytes viewed as `dtype` (bool: 0/1), deterministic in (seed, index).
+at::Tensor pattern(at::ScalarType dtype, std::vector<int64_t> shape, int64_t seed) {
+  at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(seed));
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  int64_t es = static_cast<int64_t>(c10::elementSize(dtype));
+  if (dtype == at::kBool) return at::randint(0, 2, shape, gen, at::TensorOptions().dtype(at::kByte)).to(at::kBool);
+  at::Tensor bytes = at::randint(0, 256, {numel * es}, gen, at::TensorOptions().dtype(at::kByte));
+  return bytes.view(dtype).view(shape);
+}
+
+bool same_bytes(const at::Tensor& a, const at::Tensor& b) {
+  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
+  if (a.numel() == 0) return true;
+  return at::equal(a.contiguous().view({-1}).view(at::kByte), b.contiguous().view({-1}).view(at::kByte));
+}
+
+const std::vector<at::ScalarType> kDtypes = {at::kFloat, at::kBFloat16, at::kHalf, at::kLong,
+                                             at::kInt,   at::kByte,     at::kBool};
+
+// The tensors of message `batch` from `src`: every dtype, sizes from 0 elements up.
+Message ring_message(int src, int64_t batch) {
+  Message m;
+  m.kind = 3;
+  m.batch = batch;
+  int64_t i = 0;
+  for (at::ScalarType t : kDtypes) {
+    int64_t n = (batch + i) % 4 == 0 ? 0 : (batch * 37 + i * 1001) % 5000;
+    m.tensors.push_back(pattern(t, {n}, src * 100000 + batch * 100 + i));
+    ++i;
+  }
+  m.tensors.push_back(pattern(at::kFloat, {3, 0, 5}, 1));  // 0 bytes with a shape
+  m.tensors.push_back(pattern(at::kBFloat16, {2, 3, 4, 5}, src + batch));
+  return m;
+}
+
+void expect_message(const Message& got, const Message& want) {
+  ASSERT_EQ(got.kind, want.kind);
+  ASSERT_EQ(got.batch, want.batch);
+  ASSERT_EQ(got.tensors.size(), want.tensors.size());
+  for (size_t i = 0; i < want.tensors.size(); ++i)
+    EXPECT_TRUE(same_bytes(got.tensors[i], want.tensors[i]))
+        << "batch " << want.batch << " tensor " << i << " (" << c10::toString(want.tensors[i].scalar_type()) << ")";
+}
+
+}  // namespace
+
+// Every rank sends 20 messages to its right neighbour and receives 20 from its left one,
+// with several sends and receives outstanding; receive handles are waited newest first, so
+// a message may only match its own handle (not the order of waits).
+TEST(CommMpi, RingMessagesAllDtypesInOrder) {
+  const int n = 20;
+  int right = (R() + 1) % W(), left = (R() - 1 + W()) % W();
+  std::vector<HandlePtr> sends, recvs;
+  for (int64_t b = 0; b < n; ++b) {
+    sends.push_back(g_comm->isend(right, ring_message(R(), b)));
+    recvs.push_back(g_comm->irecv(left, b));
+  }
+  for (int64_t b = n - 1; b >= 0; --b) expect_message(recvs[b]->take(), ring_message(left, b));
+  for (auto& h : sends) h->wait();
+}
+
+// Messages of 0 bytes up to 256 MB from rank 0 to rank 1 (a blocking send/recv pair).
+TEST(CommMpi, LargeMessagesZeroTo256MB) {
+  if (W() < 2) GTEST_SKIP();
+  std::vector<int64_t> sizes = {0, 1, 4096, int64_t(1) << 20, int64_t(256) << 20};
+  int64_t b = 0;
+  for (int64_t bytes : sizes) {
+    Message m;
+    m.kind = 9;
+    m.batch = b;
+    m.tensors.push_back(pattern(at::kFloat, {bytes / 4}, 7 + b));
+    m.tensors.push_back(pattern(at::kBFloat16, {3, 5}, 8 + b));
+    m.tensors.push_back(pattern(at::kLong, {bytes > 4096 ? 1000 : 0}, 9 + b));
+    if (R() == 0) g_comm->send(1, m);
+    if (R() == 1) {
+      expect_message(g_comm->recv(0, b), m);
+    }
+    ++b;
+  }
+  Message empty{1, b, {}};  // a message without tensors
+  if (R() == 0) g_comm->send(1, empty);
+  if (R() == 1) {
+    EXPECT_TRUE(g_comm->recv(0, b).tensors.empty());
+  }
+  g_comm->barrier();
+}
+
+// Sum and average over sub-groups (even ranks, all but rank 0, the world): exact.
+TEST(CommMpi, AllReduceOverSubGroupsIsExact) {
+  std::vector<std::vector<int>> groups(3);
+  for (int r = 0; r < W(); ++r) {
+    if (r % 2 == 0) groups[0].push_back(r);
+    if (r > 0) groups[1].push_back(r);
+    groups[2].push_back(r);
+  }
+  for (const auto& ranks : groups) {
+    if (ranks.empty()) continue;
+    auto g = g_comm->new_group(ranks);  // collective over the world: every rank calls it
+    if (!g->contains(R())) continue;
+    int64_t n = g->size();
+    int64_t sum_r = 0;
+    for (int r : ranks) sum_r += r + 1;
+    for (at::ScalarType t : {at::kFloat, at::kBFloat16, at::kHalf, at::kDouble, at::kLong, at::kInt}) {
+      // element i of rank r holds (r+1)*(i%5+1): the sum is (i%5+1)*sum_r, exact in every dtype
+      at::Tensor idx = at::arange(0, 1001, at::kLong).remainder(5).add(1);
+      std::vector<at::Tensor> ts{(idx * (R() + 1)).to(t)};
+      g_comm->all_reduce(*g, ts, ReduceOp::Sum, 17);
+      EXPECT_TRUE(at::equal(ts[0], (idx * sum_r).to(t))) << c10::toString(t) << " over " << g->describe();
+    }
+    // average of 2*(r+1)*n: = 2*sum_r, an integer
+    std::vector<at::Tensor> avg{at::full({64}, 2.0 * (R() + 1) * n, at::kBFloat16),
+                                at::full({3, 3}, 2.0 * (R() + 1) * n, at::kFloat).t()};  // non-contiguous
+    g_comm->all_reduce(*g, avg, ReduceOp::Average, 18);
+    EXPECT_TRUE(at::equal(avg[0], at::full({64}, 2.0 * sum_r, at::kBFloat16))) << g->describe();
+    EXPECT_TRUE(at::equal(avg[1], at::full({3, 3}, 2.0 * sum_r, at::kFloat))) << g->describe();
+    g_comm->barrier(g.get());
+  }
+  g_comm->barrier();
+}
+
+TEST(CommMpi, MisuseIsReported) {
+  std::vector<int> first{0};
+  auto g = g_comm->new_group(first);
+  std::vector<at::Tensor> ints{at::ones({4}, at::kLong)};
+  if (R() != 0) {
+    EXPECT_THROW(g_comm->all_reduce(*g, ints, ReduceOp::Sum), std::invalid_argument);
+  } else {
+    EXPECT_THROW(g_comm->all_reduce(*g, ints, ReduceOp::Average), std::invalid_argument);
+  }
+  EXPECT_THROW(g_comm->isend(W(), Message{}), std::invalid_argument);
+  EXPECT_THROW(g_comm->new_group({1, 0}), std::invalid_argument);
+  g_comm->barrier();
+}
+
+// A receive nobody answers ends with a CommError naming the op, peer and batch, and leaves
+// that communicator aborted (a second one, so the shared one stays usable).
+TEST(CommMpi, TimeoutNamesPeerAndBatch) {
+  if (W() < 2) GTEST_SKIP();
+  Identity id;
+  id.rank = R();
+  id.world_size = W();
+  auto c2 = make_mpi_communicator(id, 60);
+  c2->set_timeout(0.5);
+  if (R() == 1) {
+    try {
+      c2->recv(0, 123);  // rank 0 never sends batch 123
+      ADD_FAILURE() << "recv returned";
+    } catch (const dflash::CommError& e) {
+      std::string m = e.what();
+      EXPECT_NE(m.find("recv with rank 0, batch 123"), std::string::npos) << m;
+      EXPECT_NE(m.find("timed out"), std::string::npos) << m;
+    }
+    EXPECT_THROW(c2->send(0, Message{}), dflash::CommError);  // aborted
+  }
+  g_comm->barrier();
+}
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  int rc = 1;
+  try {
+    Identity id = detect();
+    if (id.rank != 0) ::testing::GTEST_FLAG(brief) = true;
+    auto comm = make_mpi_communicator(id, 60);
+    comm->set_timeout(60);
+    g_comm = comm.get();
+    rc = RUN_ALL_TESTS();
+    comm->barrier();
+    g_comm = nullptr;
+  } catch (const std::exception& e) {
+    fail_fast(e);
+  }
+  finalize_mpi();
+  return rc;
+}

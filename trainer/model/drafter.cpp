@@ -1,0 +1,361 @@
+// trainer/model/drafter.h: the DFlash drafter's parameters, forward and loss of one batch.
+#include "trainer/model/drafter.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include "comm/error.h"
+#include "trainer/config.h"
+#include "trainer/model/loss.h"
+
+namespace dflash::model {
+namespace {
+
+uint64_t fnv1a(const std::string& s, uint64_t h) {
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001B3ull;
+  return h;
+}
+
+at::Tensor rms(const at::Tensor& x, const at::Tensor& w, double eps) {
+  return at::rms_norm(x, {x.size(-1)}, w, eps);
+}
+
+// cos, sin [B, L, 1, d] of the rotate-half RoPE for integer positions [B, L].
+std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& pos, int64_t d, double theta,
+                                              at::ScalarType dtype) {
+  auto fopt = at::TensorOptions().dtype(at::kFloat).device(pos.device());
+  auto inv = at::pow(theta, at::arange(0, d, 2, fopt.dtype(at::kLong)).to(at::kFloat) / static_cast<double>(d))
+                 .reciprocal();
+  auto freqs = pos.to(at::kFloat).unsqueeze(-1) * inv;  // [B, L, d/2]
+  auto emb = at::cat({freqs, freqs}, -1).unsqueeze(2);  // [B, L, 1, d]
+  return {emb.cos().to(dtype), emb.sin().to(dtype)};
+}
+
+at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  auto x1 = x.narrow(-1, 0, half), x2 = x.narrow(-1, half, half);
+  auto rot = at::cat({x2.neg(), x1}, -1);
+  return x * cos + rot * sin;
+}
+
+}  // namespace
+
+// ---- spec -------------------------------------------------------------------------------------
+
+void DrafterSpec::validate(const std::string& where) const {
+  auto positive = [&](const char* name, int64_t v) {
+    if (v <= 0) throw_user("{}: {} must be > 0, got {}", where, name, v);
+  };
+  positive("hidden_size", hidden_size);
+  positive("intermediate_size", intermediate_size);
+  positive("num_hidden_layers", num_layers);
+  positive("num_attention_heads", num_heads);
+  positive("num_key_value_heads", num_kv_heads);
+  positive("head_dim", head_dim);
+  positive("vocab_size", vocab_size);
+  positive("num_target_layers", num_target_layers);
+  if (num_heads % num_kv_heads != 0)
+    throw_user("{}: num_attention_heads {} is not a multiple of num_key_value_heads {}", where, num_heads,
+               num_kv_heads);
+  if (head_dim % 2 != 0) throw_user("{}: head_dim must be even for RoPE, got {}", where, head_dim);
+  if (block_size < 2) throw_user("{}: block_size must be >= 2, got {}", where, block_size);
+  if (target_layer_ids.empty()) throw_user("{}: dflash_config.target_layer_ids is empty", where);
+  std::set<int64_t> seen;
+  for (auto id : target_layer_ids) {
+    if (id < 0 || id >= num_target_layers)
+      throw_user("{}: dflash_config.target_layer_ids holds {}, outside [0, num_target_layers={})", where, id,
+                 num_target_layers);
+    if (!seen.insert(id).second) throw_user("{}: dflash_config.target_layer_ids holds {} twice", where, id);
+  }
+  if (mask_token_id < 0 || mask_token_id >= vocab_size)
+    throw_user("{}: dflash_config.mask_token_id {} is outside the vocabulary [0, {})", where, mask_token_id,
+               vocab_size);
+  if (!(rms_norm_eps > 0)) throw_user("{}: rms_norm_eps must be > 0", where);
+  if (!(rope_theta > 0)) throw_user("{}: rope_theta must be > 0", where);
+}
+
+void DrafterSpec::check_fits(const TargetInfo& t, const std::string& where) const {
+  if (hidden_size != t.hidden_size)
+    throw_user("{}: hidden_size {} does not match the target's hidden_size {}", where, hidden_size, t.hidden_size);
+  if (vocab_size != t.vocab_size)
+    throw_user("{}: vocab_size {} does not match the target's vocab_size {}", where, vocab_size, t.vocab_size);
+  for (auto id : target_layer_ids)
+    if (id < 0 || id >= t.num_layers)
+      throw_user("{}: dflash_config.target_layer_ids holds {}, but the target has {} layers", where, id,
+                 t.num_layers);
+  if (num_target_layers != t.num_layers)
+    throw_user("{}: num_target_layers {} does not match the target's num_hidden_layers {}", where,
+               num_target_layers, t.num_layers);
+  if (mask_token_id < 0 || mask_token_id >= t.vocab_size)
+    throw_user("{}: dflash_config.mask_token_id {} is outside the target's vocabulary [0, {})", where,
+               mask_token_id, t.vocab_size);
+}
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> DrafterSpec::param_shapes() const {
+  const int64_t H = hidden_size, qd = num_heads * head_dim, kvd = num_kv_heads * head_dim, I = intermediate_size;
+  std::vector<std::pair<std::string, std::vector<int64_t>>> s = {
+      {"fc.weight", {H, num_features() * H}}, {"hidden_norm.weight", {H}}, {"norm.weight", {H}}};
+  for (int64_t i = 0; i < num_layers; ++i) {
+    const std::string p = "layers." + std::to_string(i) + ".";
+    s.push_back({p + "input_layernorm.weight", {H}});
+    s.push_back({p + "post_attention_layernorm.weight", {H}});
+    s.push_back({p + "self_attn.q_proj.weight", {qd, H}});
+    s.push_back({p + "self_attn.k_proj.weight", {kvd, H}});
+    s.push_back({p + "self_attn.v_proj.weight", {kvd, H}});
+    s.push_back({p + "self_attn.o_proj.weight", {H, qd}});
+    s.push_back({p + "self_attn.q_norm.weight", {head_dim}});
+    s.push_back({p + "self_attn.k_norm.weight", {head_dim}});
+    s.push_back({p + "mlp.gate_proj.weight", {I, H}});
+    s.push_back({p + "mlp.up_proj.weight", {I, H}});
+    s.push_back({p + "mlp.down_proj.weight", {H, I}});
+  }
+  return s;
+}
+
+std::vector<int64_t> default_target_layer_ids(int64_t L, int64_t k) {
+  if (k < 1) throw_user("target.num_features must be >= 1, got {}", k);
+  if (k == 1) return {L / 2};
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < k; ++i)  // nearbyint: round half to even, as Python's round()
+    ids.push_back(static_cast<int64_t>(std::nearbyint(1.0 + static_cast<double>(i) * (L - 4) / (k - 1))));
+  return ids;
+}
+
+DrafterSpec make_spec(const TargetInfo& t, const DrafterConfig& cfg, const std::vector<int64_t>& layer_ids,
+                      int64_t num_features) {
+  DrafterSpec s;
+  s.hidden_size = t.hidden_size;
+  s.intermediate_size = t.intermediate_size;
+  s.num_layers = cfg.num_layers;
+  s.num_heads = t.num_heads;
+  s.num_kv_heads = t.num_kv_heads;
+  s.head_dim = t.head_dim;
+  s.vocab_size = t.vocab_size;
+  s.rms_norm_eps = t.rms_norm_eps;
+  s.rope_theta = t.rope_theta;
+  s.max_position_embeddings = t.max_position_embeddings;
+  s.block_size = cfg.block_size;
+  s.num_target_layers = t.num_layers;
+  s.target_layer_ids = layer_ids.empty() ? default_target_layer_ids(t.num_layers, num_features) : layer_ids;
+  s.mask_token_id = cfg.mask_token_id >= 0 ? cfg.mask_token_id : t.mask_token_id;
+  if (s.mask_token_id < 0)
+    throw_user("drafter.mask_token_id: the target defines no MASK token; set drafter.mask_token_id "
+               "(Qwen3: 151669)");
+  s.bos_token_id = t.bos_token_id;
+  s.eos_token_id = t.eos_token_id;
+  if (cfg.num_layers < 1) throw_user("drafter.num_layers must be >= 1, got {}", cfg.num_layers);
+  if (cfg.block_size < 2) throw_user("drafter.block_size must be >= 2, got {}", cfg.block_size);
+  for (auto id : s.target_layer_ids)
+    if (id < 0 || id >= t.num_layers)
+      throw_user("target.layer_ids holds {}, but the target has {} layers", id, t.num_layers);
+  if (s.mask_token_id >= t.vocab_size)
+    throw_user("drafter.mask_token_id {} is outside the target's vocabulary [0, {})", s.mask_token_id,
+               t.vocab_size);
+  s.validate("drafter config");
+  return s;
+}
+
+double resolve_gamma(int64_t bs, double configured) {
+  if (configured > 0) return configured;
+  if (configured < 0) throw_user("drafter.gamma must be >= 0, got {}", configured);
+  switch (bs) {
+    case 16: return 7.0;
+    case 10: return 5.0;
+    case 8: return 4.0;
+    default:
+      throw_user("drafter.gamma: DFLASH.md gives gamma only for block sizes 16, 10 and 8; set drafter.gamma for "
+                 "block_size {}", bs);
+  }
+}
+
+double StepOutput::accuracy() const {
+  double c = 0, n = 0;
+  for (size_t k = 0; k < correct_per_pos.size(); ++k) c += correct_per_pos[k], n += count_per_pos[k];
+  return n > 0 ? c / n : 0.0;
+}
+
+double StepOutput::tau() const { return tau_blocks > 0 ? tau_sum / static_cast<double>(tau_blocks) : 1.0; }
+
+// ---- module -----------------------------------------------------------------------------------
+
+Drafter::Drafter(DrafterSpec spec, at::Device device, at::ScalarType dtype)
+    : spec_(std::move(spec)), device_(device), dtype_(dtype) {
+  spec_.validate("drafter");
+  auto opt = at::TensorOptions().dtype(dtype_).device(device_);
+  for (auto& [name, shape] : spec_.param_shapes()) {
+    auto t = at::zeros(shape, opt);
+    t.set_requires_grad(true);
+    params_.emplace_back(name, t);
+  }
+  fc_ = param("fc.weight");
+  hidden_norm_ = param("hidden_norm.weight");
+  norm_ = param("norm.weight");
+  for (int64_t i = 0; i < spec_.num_layers; ++i) {
+    const std::string p = "layers." + std::to_string(i) + ".";
+    Layer l;
+    l.in_norm = param(p + "input_layernorm.weight");
+    l.post_norm = param(p + "post_attention_layernorm.weight");
+    l.q = param(p + "self_attn.q_proj.weight");
+    l.k = param(p + "self_attn.k_proj.weight");
+    l.v = param(p + "self_attn.v_proj.weight");
+    l.o = param(p + "self_attn.o_proj.weight");
+    l.q_norm = param(p + "self_attn.q_norm.weight");
+    l.k_norm = param(p + "self_attn.k_norm.weight");
+    l.gate = param(p + "mlp.gate_proj.weight");
+    l.up = param(p + "mlp.up_proj.weight");
+    l.down = param(p + "mlp.down_proj.weight");
+    layers_.push_back(l);
+  }
+}
+
+std::vector<at::Tensor> Drafter::parameters() const {
+  std::vector<at::Tensor> v;
+  for (auto& p : params_) v.push_back(p.second);
+  return v;
+}
+
+const at::Tensor& Drafter::param(const std::string& name) const {
+  for (auto& p : params_)
+    if (p.first == name) return p.second;
+  throw_user("drafter: no parameter named '{}'", name);
+}
+
+void Drafter::load_param(const std::string& name, const at::Tensor& value) {
+  const auto& p = param(name);
+  if (p.sizes() != value.sizes())
+    throw_user("drafter: parameter '{}' has {} elements in shape of rank {}, the value has rank {} ({} elements)",
+               name, p.numel(), p.dim(), value.dim(), value.numel());
+  at::NoGradGuard ng;
+  const_cast<at::Tensor&>(p).copy_(value);
+}
+
+void Drafter::init_random(uint64_t seed) {
+  at::NoGradGuard ng;
+  for (auto& [name, t] : params_) {
+    if (t.dim() == 1) {
+      t.fill_(1.0);
+      continue;
+    }
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(fnv1a(name, 0xcbf29ce484222325ull ^ seed));
+    auto cpu = at::empty(t.sizes(), at::kFloat);
+    cpu.normal_(0.0, spec_.initializer_range, gen);
+    t.copy_(cpu);
+  }
+}
+
+void Drafter::set_target_weights(const at::Tensor& embed_tokens, const at::Tensor& lm_head) {
+  const int64_t V = spec_.vocab_size, H = spec_.hidden_size;
+  for (auto [name, t] : {std::pair{"embed_tokens", &embed_tokens}, std::pair{"lm_head", &lm_head}})
+    if (t->dim() != 2 || t->size(0) != V || t->size(1) != H)
+      throw_user("drafter: the target's {} must be [{}, {}] (vocab, hidden), got rank {} with {} rows", name, V, H,
+                 t->dim(), t->dim() > 0 ? t->size(0) : 0);
+  embed_ = embed_tokens.detach().to(device_, dtype_);
+  lm_head_ = lm_head.is_same(embed_tokens) ? embed_ : lm_head.detach().to(device_, dtype_);
+}
+
+at::Tensor Drafter::hidden(const DrafterBatch& batch, const Blocks& blocks, const BlockInputs& in,
+                           attention::Backend backend) const {
+  if (!embed_.defined()) throw_user("drafter: set_target_weights() was not called");
+  const auto& s = spec_;
+  const int64_t B = batch.ids.size(0), S = batch.ids.size(1), N = blocks.num_blocks(), bs = blocks.block_size;
+  const int64_t Q = N * bs, H = s.hidden_size, hq = s.num_heads, hkv = s.num_kv_heads, d = s.head_dim;
+  if (batch.features.dim() != 3 || batch.features.size(0) != B || batch.features.size(1) != S ||
+      batch.features.size(2) != s.num_features() * H)
+    throw_user("drafter batch: features must be [B={}, S={}, K*H={}] ({} target layers x hidden {}), got rank {} "
+               "[{}, {}, {}]",
+               B, S, s.num_features() * H, s.num_features(), H, batch.features.dim(), batch.features.size(0),
+               batch.features.dim() > 1 ? batch.features.size(1) : -1,
+               batch.features.dim() > 2 ? batch.features.size(2) : -1);
+  if (bs != s.block_size) throw_user("blocks: block size {} differs from the drafter's {}", bs, s.block_size);
+
+  // Context: C = hidden_norm(fc(features)), once per forward, shared by all layers.
+  auto feats = batch.features.to(device_, dtype_);
+  auto ctx = rms(at::linear(feats, fc_), hidden_norm_, s.rms_norm_eps);  // [B, S, H]
+
+  // Mask (once per step, shared by all layers): context [doc_begin, anchor), own block.
+  attention::MaskSpec ms;
+  ms.ctx_begin = blocks.doc_begin;
+  ms.ctx_end = blocks.anchor;
+  ms.keep = blocks.keep;
+  ms.ctx_len = S;
+  ms.block_size = bs;
+  auto prep = attention::prepare(ms, backend, dtype_, device_);
+
+  auto ids = in.input_ids.to(device_);
+  auto qpos = in.positions.to(device_);
+  auto kvpos = at::cat({in.ctx_positions.to(device_), qpos}, 1);  // [B, S + Q]
+  auto [cos_q, sin_q] = rope_tables(qpos, d, s.rope_theta, dtype_);
+  auto [cos_k, sin_k] = rope_tables(kvpos, d, s.rope_theta, dtype_);
+
+  auto x = at::embedding(embed_, ids);  // [B, Q, H]
+  for (const auto& L : layers_) {
+    auto h = rms(x, L.in_norm, s.rms_norm_eps);
+    auto q = at::linear(h, L.q).view({B, Q, hq, d});
+    q = apply_rope(rms(q, L.q_norm, s.rms_norm_eps), cos_q, sin_q).transpose(1, 2);
+    auto kv_in = at::cat({ctx, h}, 1);  // context first, then the block tokens
+    auto k = at::linear(kv_in, L.k).view({B, S + Q, hkv, d});
+    k = apply_rope(rms(k, L.k_norm, s.rms_norm_eps), cos_k, sin_k).transpose(1, 2);
+    auto v = at::linear(kv_in, L.v).view({B, S + Q, hkv, d}).transpose(1, 2);
+    auto o = attention::attend(q, k, v, prep).transpose(1, 2).reshape({B, Q, hq * d});
+    x = x + at::linear(o, L.o);
+    auto h2 = rms(x, L.post_norm, s.rms_norm_eps);
+    x = x + at::linear(at::silu(at::linear(h2, L.gate)) * at::linear(h2, L.up), L.down);
+  }
+  return rms(x, norm_, s.rms_norm_eps);
+}
+
+at::Tensor Drafter::logits(const DrafterBatch& batch, const Blocks& blocks, attention::Backend backend) const {
+  auto in = build_block_inputs(batch.ids, batch.loss_mask, batch.docs, blocks, spec_.mask_token_id);
+  return at::matmul(hidden(batch, blocks, in, backend), lm_head_.t());
+}
+
+StepOutput Drafter::forward(const DrafterBatch& batch, const StepOptions& opt) const {
+  AnchorOptions ao;
+  ao.block_size = spec_.block_size;
+  ao.num_anchors = opt.num_anchors;
+  ao.seed = opt.seed;
+  ao.batch_index = batch.global_batch_index;
+  ao.min_blocks = opt.min_blocks;
+  return forward_blocks(batch, sample_blocks(batch.loss_mask, batch.docs, ao), opt);
+}
+
+StepOutput Drafter::forward_blocks(const DrafterBatch& batch, const Blocks& blocks, const StepOptions& opt) const {
+  const int64_t bs = spec_.block_size;
+  const double gamma = resolve_gamma(bs, opt.gamma);
+  auto in = build_block_inputs(batch.ids, batch.loss_mask, batch.docs, blocks, spec_.mask_token_id);
+  auto h = hidden(batch, blocks, in, opt.attention);  // [B, Q, H]
+  const int64_t B = h.size(0), Q = h.size(1), N = Q / bs;
+
+  // Loss positions: w > 0 only (offset 0, dropped blocks, past the document end, prompt tokens
+  // carry no loss and never reach the LM head).
+  auto w = in.weight.reshape({-1});                                              // CPU float
+  auto wd = (in.weight.to(at::kDouble) * decay(bs, gamma).to(at::kDouble).repeat({N}).view({1, Q})).reshape({-1});
+  auto sel = w.gt(0).nonzero().squeeze(1);                                       // CPU int64
+  StepOutput out;
+  out.weight_sum = wd.sum().item<double>();
+  out.n_tokens = sel.size(0);
+  out.n_blocks = blocks.keep.sum().item<int64_t>();
+  auto coef = (wd.index_select(0, sel) / (out.weight_sum + 1e-6)).to(at::kFloat).to(device_);
+  auto labels = in.labels.reshape({-1}).index_select(0, sel).to(device_);
+  auto hs = h.reshape({B * Q, h.size(2)}).index_select(0, sel.to(device_));
+  CeResult ce = opt.loss_chunk > 0 ? fused_linear_ce(hs, lm_head_, labels, coef, opt.loss_chunk,
+                                                     opt.recompute_loss ? CeMode::Recompute : CeMode::GradInForward)
+                                   : plain_linear_ce(hs, lm_head_, labels, coef);
+  out.loss = ce.loss;
+  out.loss_value = ce.loss.detach().item<double>();
+
+  auto correct = at::zeros({B * Q}, at::kBool);
+  correct.index_put_({sel}, ce.correct.to(at::kCPU));
+  auto m = block_metrics(correct.view({B, N, bs}), w.gt(0).view({B, N, bs}));
+  out.correct_per_pos = std::move(m.correct_per_pos);
+  out.count_per_pos = std::move(m.count_per_pos);
+  out.tau_sum = m.tau_sum;
+  out.tau_blocks = m.tau_blocks;
+  return out;
+}
+
+}  // namespace dflash::model

@@ -1,0 +1,173 @@
+// The DFlash drafter (DFLASH.md §1-§2): parameters, forward, and the training loss of one batch.
+//
+// Owns: the trainable parameters (plain at::Tensors with requires_grad, named exactly as the
+// export names of DFLASH.md §5: "fc.weight", "layers.0.self_attn.q_proj.weight", ...), and
+// references to the target's frozen embedding and LM head (set_target_weights; never trained,
+// never exported). Forward per batch: C = hidden_norm(fc(features)); block inputs embedded with the
+// target's embedding; N layers with KV injection (context through k_proj/v_proj only, prepended
+// to the block's keys/values), q/k RMSNorm per head before RoPE, GQA, the DFlash mask (one mask per
+// step shared by every layer), SwiGLU; final norm; the target's lm_head with a fused chunked
+// cross-entropy (trainer/model/loss.h).
+// Lifetime: one Drafter per drafter rank, alive for the run. Thread-safety: not thread-safe; one
+// thread drives it (autograd may run its backward on other threads, as LibTorch does).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "attention/dflash_attention.h"
+#include "trainer/model/anchors.h"
+
+namespace dflash {
+struct DrafterConfig;
+}
+
+namespace dflash::model {
+
+// The few facts about the target the drafter needs (filled from the target's config.json).
+struct TargetInfo {
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_layers = 0;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t vocab_size = 0;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 1e6;
+  int64_t max_position_embeddings = 40960;
+  int64_t bos_token_id = -1;
+  int64_t eos_token_id = -1;
+  int64_t mask_token_id = -1;  // the tokenizer's MASK id if known (Qwen3: 151669), else -1
+};
+
+// Shape and constants of a drafter; exactly the fields of the exported config.json.
+struct DrafterSpec {
+  int64_t hidden_size = 0;
+  int64_t intermediate_size = 0;
+  int64_t num_layers = 5;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t vocab_size = 0;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 1e6;
+  int64_t max_position_embeddings = 40960;
+  int64_t block_size = 16;
+  std::vector<int64_t> target_layer_ids;
+  int64_t num_target_layers = 0;
+  int64_t mask_token_id = -1;
+  int64_t bos_token_id = -1;
+  int64_t eos_token_id = -1;
+  double initializer_range = 0.02;
+
+  int64_t num_features() const { return static_cast<int64_t>(target_layer_ids.size()); }
+  // Internal consistency (positive sizes, heads divide, ids distinct); UserError naming the field,
+  // prefixed by `where` (e.g. the config file).
+  void validate(const std::string& where) const;
+  // Fits the target (hidden size, vocab, layer ids < target layers, mask id inside the vocab).
+  void check_fits(const TargetInfo& target, const std::string& where) const;
+  // Parameter names and shapes in export order.
+  std::vector<std::pair<std::string, std::vector<int64_t>>> param_shapes() const;
+};
+
+// DFLASH.md §1.1 default: k == 1 -> {L/2}; else round(1 + i (L-4)/(k-1)), i = 0..k-1.
+std::vector<int64_t> default_target_layer_ids(int64_t num_target_layers, int64_t k);
+
+// The spec of a new drafter for `target` from the YAML drafter section and the target section's
+// layer ids (empty: default rule with num_features).
+DrafterSpec make_spec(const TargetInfo& target, const DrafterConfig& cfg,
+                      const std::vector<int64_t>& layer_ids, int64_t num_features);
+
+// γ of the loss decay: `configured` if > 0, else 7 / 5 / 4 for block size 16 / 10 / 8.
+double resolve_gamma(int64_t block_size, double configured);
+
+// One batch as the pipeline delivers it.
+struct DrafterBatch {
+  at::Tensor ids;        // [B, S] int64, any device
+  at::Tensor loss_mask;  // [B, S] bool or integer, any device
+  at::Tensor features;   // [B, S, K*H] the target's captured states (any float dtype/device;
+                         // converted to the drafter's)
+  std::vector<DocBounds> docs;  // per row, see anchors.h (empty: one document per row)
+  int64_t global_batch_index = 0;
+};
+
+struct StepOptions {
+  attention::Backend attention = attention::Backend::Reference;
+  int64_t num_anchors = 512;
+  uint64_t seed = 42;
+  double gamma = 0;        // 0: resolve_gamma's default
+  int64_t loss_chunk = 2048;  // positions per LM-head chunk; <= 0: unfused (full logits, autograd)
+  int64_t min_blocks = 0;     // pad N to at least this (steady shapes)
+  bool recompute_loss = false;  // fused CE: recompute logits in the backward (loss.h CeMode)
+};
+
+// Result of one batch. The sums are what data-parallel ranks all-reduce.
+struct StepOutput {
+  at::Tensor loss;             // scalar (float32), differentiable: Σ CE·w·d / (Σ w·d + 1e-6)
+  double weight_sum = 0;       // Σ w·d
+  int64_t n_tokens = 0;        // Σ w (supervised positions)
+  int64_t n_blocks = 0;        // kept blocks
+  std::vector<double> correct_per_pos;  // [bs] argmax == label at offset k (w > 0)
+  std::vector<double> count_per_pos;    // [bs] positions with w > 0 at offset k
+  double tau_sum = 0;          // Σ over measured blocks of 1 + accepted length (loss.h)
+  int64_t tau_blocks = 0;
+  double loss_value = 0;       // loss.item(), for logging
+  double accuracy() const;      // Σ correct / Σ count
+  double tau() const;           // tau_sum / tau_blocks (1 if none)
+};
+
+class Drafter {
+ public:
+  // Parameters allocated (zeros) on `device` in `dtype`, requires_grad = true.
+  Drafter(DrafterSpec spec, at::Device device, at::ScalarType dtype);
+
+  // normal(0, initializer_range) for every linear weight, ones for norms. Each tensor is drawn on
+  // the CPU from its own generator seeded by (seed, parameter name), so the result depends only
+  // on the seed and the shapes.
+  void init_random(uint64_t seed);
+  // The target's embed_tokens and lm_head weights [V, H] (may be the same tensor for a tied
+  // target). Stored as given, converted to the drafter's device/dtype, never trained.
+  void set_target_weights(const at::Tensor& embed_tokens, const at::Tensor& lm_head);
+
+  const DrafterSpec& spec() const { return spec_; }
+  at::Device device() const { return device_; }
+  at::ScalarType dtype() const { return dtype_; }
+  // Trainable parameters, in export order, names as in DFLASH.md §5.
+  const std::vector<std::pair<std::string, at::Tensor>>& named_parameters() const { return params_; }
+  std::vector<at::Tensor> parameters() const;
+  const at::Tensor& param(const std::string& name) const;  // UserError if unknown
+  // Copies `value` into the parameter (shape must match; UserError otherwise).
+  void load_param(const std::string& name, const at::Tensor& value);
+
+  // The training forward of one batch: samples blocks from (seed, global_batch_index), then
+  // forward_blocks.
+  StepOutput forward(const DrafterBatch& batch, const StepOptions& opt) const;
+  // Same with explicit blocks (tests, evaluation).
+  StepOutput forward_blocks(const DrafterBatch& batch, const Blocks& blocks, const StepOptions& opt) const;
+
+  // The final hidden states norm(h) of every block position, [B, N*bs, H].
+  at::Tensor hidden(const DrafterBatch& batch, const Blocks& blocks, const BlockInputs& in,
+                    attention::Backend backend) const;
+  // Logits of every block position [B, N*bs, V] (evaluation and tests; small shapes only).
+  at::Tensor logits(const DrafterBatch& batch, const Blocks& blocks,
+                    attention::Backend backend = attention::Backend::Reference) const;
+
+ private:
+  struct Layer {
+    at::Tensor in_norm, post_norm, q, k, v, o, q_norm, k_norm, gate, up, down;
+  };
+  DrafterSpec spec_;
+  at::Device device_;
+  at::ScalarType dtype_;
+  std::vector<std::pair<std::string, at::Tensor>> params_;
+  at::Tensor fc_, hidden_norm_, norm_;
+  std::vector<Layer> layers_;
+  at::Tensor embed_, lm_head_;
+};
+
+}  // namespace dflash::model

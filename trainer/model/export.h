@@ -1,0 +1,42 @@
+// Export and import of a DFlash drafter in the Hugging Face layout that SGLang and vLLM load
+// (DFLASH.md §5; format documented in docs/checkpoint.md).
+//
+// Owns: the directory format. A drafter directory holds
+//   config.json        architectures ["DFlashDraftModel"], auto_map, model_type "qwen3",
+//                      block_size, num_target_layers, dflash_config {mask_token_id,
+//                      target_layer_ids}, layer_types, and the Qwen3 fields
+//   model.safetensors  the trainable tensors, names without prefix ("fc.weight", "layers.0...."),
+//                      bf16; no embed_tokens / lm_head (the target's are shared)
+// Export writes everything into `dir + ".tmp"` and renames it over `dir` when complete (an
+// existing `dir` is replaced), so a reader never sees a half-written export.
+// Import validates: config fields (types, presence, a drafter of this architecture, full
+// attention only, no RoPE scaling), the fit to the target (hidden size, vocab, layer ids,
+// num_target_layers, mask token id), and the tensors (exact name set, with or without a
+// "model." prefix; shapes); every error is a UserError naming the file and the field or tensor.
+// Thread-safety: plain functions; the caller must not train the drafter during export.
+#pragma once
+
+#include <string>
+
+#include "trainer/model/drafter.h"
+
+namespace dflash::model {
+
+// The config.json text of `spec` (keys in DFLASH.md §5 order).
+std::string drafter_config_json(const DrafterSpec& spec);
+
+// Parses and validates a drafter config.json (not yet against a target).
+DrafterSpec read_drafter_config(const std::string& config_path);
+
+// Writes `dir` (see above). Tensors are converted to bf16 on the CPU.
+void export_drafter(const Drafter& drafter, const std::string& dir);
+
+// Reads `dir`'s config.json, checks it against `target`, and returns a drafter on `device` in
+// `dtype` holding the directory's weights.
+Drafter import_drafter(const std::string& dir, const TargetInfo& target, at::Device device,
+                       at::ScalarType dtype);
+
+// Loads the tensors of `dir` into an existing drafter whose spec must equal the directory's.
+void load_drafter_weights(Drafter& drafter, const std::string& dir);
+
+}  // namespace dflash::model

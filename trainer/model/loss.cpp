@@ -1,0 +1,162 @@
+// trainer/model/loss.h: fused chunked LM head + cross-entropy, and the block metrics.
+#include "trainer/model/loss.h"
+
+#include <cmath>
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "comm/error.h"
+
+namespace dflash::model {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+// One chunk: fp32 logits of rows [c0, c0+n), then (in place) exp(logit - max).
+struct ChunkStats {
+  at::Tensor expd;  // [n, V] float32: exp(logits - max)
+  at::Tensor lse;   // [n]
+  at::Tensor ce;    // [n]
+  at::Tensor argmax;
+  at::Tensor scale;
+};
+
+ChunkStats chunk_stats(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& lab) {
+  auto logits = at::mm(h, weight.t());
+  auto lf = logits.scalar_type() == at::kFloat ? logits : logits.to(at::kFloat);
+  ChunkStats s;
+  auto tgt = lf.gather(1, lab.unsqueeze(1)).squeeze(1);
+  auto [mx, am] = lf.max(1);
+  lf.sub_(mx.unsqueeze(1)).exp_();
+  s.lse = lf.sum(1).log_().add_(mx);
+  s.ce = s.lse - tgt;
+  s.argmax = am;
+  s.expd = lf;
+  s.scale = at::exp(mx - s.lse);  // softmax = expd * scale[:, None]
+  return s;
+}
+
+// In place: p <- (p - onehot(label)) * scale[:, None]; returns p @ W in `dtype`.
+at::Tensor grad_from_softmax(at::Tensor& p, const at::Tensor& lab, const at::Tensor& scale,
+                             const at::Tensor& weight) {
+  p.scatter_add_(1, lab.unsqueeze(1), at::full({lab.size(0), 1}, -1.0, p.options()));
+  p.mul_(scale.unsqueeze(1));
+  return at::mm(p.to(weight.scalar_type()), weight);
+}
+
+struct FusedLinearCe : public torch::autograd::Function<FusedLinearCe> {
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
+                               const at::Tensor& labels, const at::Tensor& coef, int64_t chunk, bool recompute) {
+    const int64_t M = hidden.size(0);
+    auto loss = at::zeros({}, hidden.options().dtype(at::kFloat));
+    auto correct = at::empty({M}, labels.options().dtype(at::kBool));
+    const bool want_grad = hidden.requires_grad();
+    at::Tensor grad_h, lse;
+    if (want_grad && !recompute) grad_h = at::empty_like(hidden);
+    if (want_grad && recompute) lse = at::empty({M}, hidden.options().dtype(at::kFloat));
+    for (int64_t c0 = 0; c0 < M; c0 += chunk) {
+      const int64_t n = std::min(chunk, M - c0);
+      auto lab = labels.narrow(0, c0, n);
+      auto cf = coef.narrow(0, c0, n);
+      auto s = chunk_stats(hidden.narrow(0, c0, n), weight, lab);
+      loss.add_((s.ce * cf).sum());
+      correct.narrow(0, c0, n).copy_(s.argmax.eq(lab));
+      if (grad_h.defined()) s.expd.mul_(s.scale.unsqueeze(1));
+      if (grad_h.defined()) grad_h.narrow(0, c0, n).copy_(grad_from_softmax(s.expd, lab, cf, weight));
+      if (lse.defined()) lse.narrow(0, c0, n).copy_(s.lse);
+    }
+    ctx->saved_data["chunk"] = chunk;
+    ctx->saved_data["recompute"] = recompute;
+    if (recompute)
+      ctx->save_for_backward({hidden, weight, labels, coef, lse});
+    else
+      ctx->save_for_backward({grad_h});
+    ctx->mark_non_differentiable({correct});
+    return {loss, correct};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto g = grads[0];  // scalar
+    auto saved = ctx->get_saved_variables();
+    at::Tensor grad_h;
+    if (!ctx->saved_data["recompute"].toBool()) {
+      grad_h = saved[0] * g.to(saved[0].scalar_type());
+    } else {
+      const int64_t chunk = ctx->saved_data["chunk"].toInt();
+      auto hidden = saved[0], weight = saved[1], labels = saved[2], coef = saved[3], lse = saved[4];
+      const int64_t M = hidden.size(0);
+      grad_h = at::empty_like(hidden);
+      auto gs = coef * g.to(at::kFloat);
+      for (int64_t c0 = 0; c0 < M; c0 += chunk) {
+        const int64_t n = std::min(chunk, M - c0);
+        auto lab = labels.narrow(0, c0, n);
+        auto logits = at::mm(hidden.narrow(0, c0, n), weight.t());
+        auto p = logits.scalar_type() == at::kFloat ? logits : logits.to(at::kFloat);
+        p.sub_(lse.narrow(0, c0, n).unsqueeze(1)).exp_();
+        grad_h.narrow(0, c0, n).copy_(grad_from_softmax(p, lab, gs.narrow(0, c0, n), weight));
+      }
+    }
+    return {grad_h, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+  }
+};
+
+void check_ce_args(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
+                   const at::Tensor& coef) {
+  DFLASH_CHECK(hidden.dim() == 2 && weight.dim() == 2 && hidden.size(1) == weight.size(1),
+               "linear CE: hidden [M, H] and weight [V, H] expected");
+  DFLASH_CHECK(labels.dim() == 1 && labels.size(0) == hidden.size(0) && coef.sizes() == labels.sizes(),
+               "linear CE: labels and coef must be [M]");
+  DFLASH_CHECK(hidden.scalar_type() == weight.scalar_type(), "linear CE: hidden and weight dtypes differ");
+}
+
+}  // namespace
+
+CeResult fused_linear_ce(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
+                         const at::Tensor& coef, int64_t chunk, CeMode mode) {
+  check_ce_args(hidden, weight, labels, coef);
+  DFLASH_CHECK(chunk > 0, "linear CE: chunk must be > 0");
+  auto out = FusedLinearCe::apply(hidden, weight.detach(), labels, coef.to(at::kFloat), chunk,
+                                  mode == CeMode::Recompute);
+  return {out[0], out[1]};
+}
+
+CeResult plain_linear_ce(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
+                         const at::Tensor& coef) {
+  check_ce_args(hidden, weight, labels, coef);
+  auto logits = at::matmul(hidden, weight.detach().t()).to(at::kFloat);
+  auto logp = at::log_softmax(logits, 1);
+  auto ce = logp.gather(1, labels.unsqueeze(1)).squeeze(1).neg();
+  CeResult r;
+  r.loss = (ce * coef.to(at::kFloat)).sum();
+  r.correct = logits.argmax(1).eq(labels);
+  return r;
+}
+
+at::Tensor decay(int64_t block_size, double gamma) {
+  auto k = at::arange(block_size, at::kDouble);
+  return at::exp(-(k - 1) / gamma).to(at::kFloat);
+}
+
+BlockMetrics block_metrics(const at::Tensor& correct_in, const at::Tensor& valid_in) {
+  auto valid = valid_in.to(at::kCPU, at::kBool);
+  auto hit = correct_in.to(at::kCPU, at::kBool).logical_and(valid);
+  const int64_t bs = valid.size(2);
+  BlockMetrics m;
+  auto c = hit.to(at::kDouble).sum(at::IntArrayRef{0, 1});
+  auto n = valid.to(at::kDouble).sum(at::IntArrayRef{0, 1});
+  for (int64_t k = 0; k < bs; ++k) {
+    m.correct_per_pos.push_back(c[k].item<double>());
+    m.count_per_pos.push_back(n[k].item<double>());
+  }
+  if (bs < 2) return m;
+  auto measured = valid.select(2, 1);                               // [B, N]
+  auto run = hit.narrow(2, 1, bs - 1).to(at::kLong).cumprod(2);    // leading hits
+  auto accepted = run.sum(2);                                       // [B, N]
+  m.tau_blocks = measured.sum().item<int64_t>();
+  m.tau_sum = (accepted.to(at::kDouble) + 1).masked_select(measured).sum().item<double>();
+  return m;
+}
+
+}  // namespace dflash::model

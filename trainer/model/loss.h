@@ -1,0 +1,61 @@
+// The DFlash training loss (DFLASH.md §2.4) on top of the target's frozen LM head, and the
+// metrics derived from it.
+//
+// Owns: the fused linear + cross-entropy (an autograd Function) that applies the LM head in
+// chunks of `chunk` positions so that the [positions, vocab] logits never exist for a whole step,
+// the unfused equivalent (full logits, plain autograd; a check and a benchmark baseline), and the
+// per-position accuracy and acceptance-length estimate τ.
+//
+// Loss = Σ_i coef_i · CE(logits_i, label_i), coef_i = w_i d_i / (Σ w d + 1e-6) (the caller passes
+// coef). The LM head is frozen: no weight gradient is ever produced.
+// Fused modes: GradInForward (default when the hidden states need a gradient) computes each
+// chunk's logits once in the forward and, since the loss is a scalar end point, already the
+// gradient of the hidden states (softmax - onehot)·coef @ W; the backward only scales it by the
+// incoming scalar gradient. Recompute saves the hidden states and the log-sum-exp instead and
+// recomputes each chunk's logits in the backward (2 more LM-head matmuls). Both hold at most one
+// chunk of logits (in fp32) at a time.
+// τ (acceptance length estimate): per kept block with a label at offset 1, accepted = the
+// number of leading offsets k = 1, 2, ... whose position has a label (w > 0) and whose argmax is
+// right (the walk stops at the first miss or the first unlabelled position, e.g. the document's
+// end); τ_block = 1 + accepted; τ = the mean over those blocks. This is DFLASH.md §6's τ
+// (accepted drafts + 1) under greedy verification, measured on the training targets.
+// Thread-safety: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+namespace dflash::model {
+
+enum class CeMode { GradInForward, Recompute };
+
+struct CeResult {
+  at::Tensor loss;     // scalar float32, differentiable w.r.t. hidden
+  at::Tensor correct;  // [M] bool: argmax == label (no gradient)
+};
+
+// hidden [M, H] (any float dtype), weight [V, H] (same dtype, frozen), labels [M] int64,
+// coef [M] float32. chunk > 0.
+CeResult fused_linear_ce(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
+                         const at::Tensor& coef, int64_t chunk, CeMode mode = CeMode::GradInForward);
+
+// The same numbers with full logits and autograd (memory: M x V floats).
+CeResult plain_linear_ce(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
+                         const at::Tensor& coef);
+
+// d_k = exp(-(k-1)/γ) for k = 0..bs-1 (k = 0 carries no weight anyway), float32 [bs].
+at::Tensor decay(int64_t block_size, double gamma);
+
+struct BlockMetrics {
+  std::vector<double> correct_per_pos;  // [bs]
+  std::vector<double> count_per_pos;    // [bs]
+  double tau_sum = 0;
+  int64_t tau_blocks = 0;
+};
+
+// correct, valid: [B, N, bs] bool (correct only meaningful where valid).
+BlockMetrics block_metrics(const at::Tensor& correct, const at::Tensor& valid);
+
+}  // namespace dflash::model

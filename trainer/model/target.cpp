@@ -1,0 +1,481 @@
+// Target model: load, packed forward with capture, logits, greedy generation (see target.h).
+#include "trainer/model/target.h"
+
+#include <algorithm>
+#include <atomic>
+#include <filesystem>
+#include <functional>
+#include <set>
+#include <thread>
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+#include <fmt/ranges.h>
+
+#include "comm/error.h"
+#include "trainer/model/safetensors.h"
+#include "trainer/model/target_ops.h"
+
+namespace dflash::model {
+
+namespace fs = std::filesystem;
+
+// ---- weight names and loading ---------------------------------------------------------------
+
+namespace {
+
+std::string layer_prefix(int64_t i) { return fmt::format("model.layers.{}.", i); }
+
+bool is_float(at::ScalarType t) {
+  return t == at::kBFloat16 || t == at::kHalf || t == at::kFloat || t == at::kDouble;
+}
+
+std::vector<int64_t> expected_shape(const HfConfig& c, const std::string& name) {
+  const int64_t H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim;
+  auto ends = [&](const char* suffix) {
+    std::string s(suffix);
+    return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+  };
+  if (name == "model.embed_tokens.weight" || name == "lm_head.weight") return {c.vocab_size, H};
+  if (name == "model.norm.weight" || ends("input_layernorm.weight") ||
+      ends("post_attention_layernorm.weight"))
+    return {H};
+  if (ends("q_norm.weight") || ends("k_norm.weight")) return {hd};
+  if (ends("q_proj.weight")) return {c.q_dim(), H};
+  if (ends("k_proj.weight") || ends("v_proj.weight")) return {c.kv_dim(), H};
+  if (ends("o_proj.weight")) return {H, c.q_dim()};
+  if (ends("gate_proj.weight") || ends("up_proj.weight")) return {I, H};
+  if (ends("down_proj.weight")) return {H, I};
+  return {};
+}
+
+// Opens the checkpoint, checks names, dtypes and shapes of every tensor against the config.
+st::SafeTensors open_checked(const std::string& dir, const HfConfig& cfg) {
+  st::SafeTensors file = st::SafeTensors::open(dir);
+  std::vector<std::string> expected =
+      target_weight_names(cfg, cfg.num_hidden_layers, /*lm_head=*/!cfg.tie_word_embeddings);
+  std::vector<std::string> tolerated;
+  for (const auto& n : file.names()) {
+    // Old checkpoints store RoPE buffers; a tied checkpoint may still store lm_head.weight.
+    bool rotary = n.size() >= 19 && n.compare(n.size() - 19, 19, "rotary_emb.inv_freq") == 0;
+    if (rotary || (cfg.tie_word_embeddings && n == "lm_head.weight")) tolerated.push_back(n);
+  }
+  std::vector<std::string> all = expected;
+  all.insert(all.end(), tolerated.begin(), tolerated.end());
+  try {
+    file.expect_names(all);
+  } catch (const UserError& e) {
+    throw_user("model '{}' (config {}, {} layers, tie_word_embeddings {}): {}", dir, cfg.path,
+               cfg.num_hidden_layers, cfg.tie_word_embeddings, e.what());
+  }
+  for (const auto& n : expected) {
+    const st::TensorInfo& ti = file.info(n);
+    if (!is_float(ti.dtype))
+      throw_user("model '{}': tensor '{}' in '{}' has dtype {}, expected a float type (BF16, F16, "
+                 "F32)", dir, n, ti.file, c10::toString(ti.dtype));
+    std::vector<int64_t> want = expected_shape(cfg, n);
+    if (ti.shape != want)
+      throw_user("model '{}': tensor '{}' in '{}' has shape [{}], but config {} implies [{}]", dir,
+                 n, ti.file, fmt::join(ti.shape, ", "), cfg.path, fmt::join(want, ", "));
+  }
+  if (cfg.tie_word_embeddings && file.has("lm_head.weight")) {
+    const st::TensorInfo& ti = file.info("lm_head.weight");
+    if (ti.shape != expected_shape(cfg, "lm_head.weight"))
+      throw_user("model '{}': tensor 'lm_head.weight' in '{}' has shape [{}], expected [{}, {}]",
+                 dir, ti.file, fmt::join(ti.shape, ", "), cfg.vocab_size, cfg.hidden_size);
+  }
+  return file;
+}
+
+// Copies (name -> destination) pairs, several at a time on CUDA (host-side copies from the
+// mapping overlap with host-to-device transfers).
+void run_loads(const st::SafeTensors& file,
+               const std::vector<std::pair<std::string, at::Tensor>>& jobs, at::Device device) {
+  const size_t threads = device.is_cuda() ? std::min<size_t>(8, jobs.size()) : 1;
+  if (threads <= 1) {
+    for (const auto& [name, dst] : jobs) file.load_into(name, dst);
+    return;
+  }
+  std::atomic<size_t> next{0};
+  std::exception_ptr error;
+  std::mutex error_mu;
+  auto worker = [&] {
+    try {
+      c10::InferenceMode guard;
+      for (size_t i = next++; i < jobs.size(); i = next++) file.load_into(jobs[i].first, jobs[i].second);
+    } catch (...) {
+      std::lock_guard<std::mutex> lk(error_mu);
+      if (!error) error = std::current_exception();
+      next = jobs.size();
+    }
+  };
+  std::vector<std::thread> pool;
+  for (size_t t = 0; t < threads; ++t) pool.emplace_back(worker);
+  for (auto& t : pool) t.join();
+  if (error) std::rethrow_exception(error);
+}
+
+}  // namespace
+
+std::vector<std::string> target_weight_names(const HfConfig& cfg, int64_t num_layers, bool lm_head) {
+  std::vector<std::string> n = {"model.embed_tokens.weight"};
+  for (int64_t i = 0; i < num_layers; ++i) {
+    std::string p = layer_prefix(i);
+    for (const char* s : {"input_layernorm.weight", "post_attention_layernorm.weight",
+                          "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                          "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+                          "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"})
+      n.push_back(p + s);
+    if (cfg.qk_norm) {
+      n.push_back(p + "self_attn.q_norm.weight");
+      n.push_back(p + "self_attn.k_norm.weight");
+    }
+  }
+  if (num_layers == cfg.num_hidden_layers) n.push_back("model.norm.weight");
+  if (lm_head) n.push_back("lm_head.weight");
+  return n;
+}
+
+TargetModel TargetModel::load(const std::string& dir, at::ScalarType dtype, at::Device device,
+                              const TargetLoadOptions& opts) {
+  c10::InferenceMode guard;
+  if (!is_float(dtype)) throw_user("target model: dtype {} is not a float type", c10::toString(dtype));
+  TargetModel m;
+  m.cfg_ = load_hf_config(dir);
+  m.dtype_ = dtype;
+  m.device_ = device;
+  const HfConfig& c = m.cfg_;
+  int64_t L = opts.num_layers < 0 ? c.num_hidden_layers : opts.num_layers;
+  if (L > c.num_hidden_layers)
+    throw_user("target model '{}': asked for {} layers, config {} has {}", dir, L, c.path,
+               c.num_hidden_layers);
+  bool want_head = opts.lm_head && L == c.num_hidden_layers;
+  st::SafeTensors file = open_checked(dir, c);
+
+  auto opt = at::TensorOptions().dtype(dtype).device(device);
+  const int64_t H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim;
+  const int64_t qd = c.q_dim(), kvd = c.kv_dim();
+  std::vector<std::pair<std::string, at::Tensor>> jobs;
+  m.embed_ = at::empty({c.vocab_size, H}, opt);
+  jobs.emplace_back("model.embed_tokens.weight", m.embed_);
+  m.layers_.resize(L);
+  for (int64_t i = 0; i < L; ++i) {
+    Layer& w = m.layers_[i];
+    std::string p = layer_prefix(i);
+    w.input_norm = at::empty({H}, opt);
+    w.post_norm = at::empty({H}, opt);
+    w.wqkv = at::empty({qd + 2 * kvd, H}, opt);
+    w.wo = at::empty({H, qd}, opt);
+    w.w_gate_up = at::empty({2 * I, H}, opt);
+    w.w_down = at::empty({H, I}, opt);
+    jobs.emplace_back(p + "input_layernorm.weight", w.input_norm);
+    jobs.emplace_back(p + "post_attention_layernorm.weight", w.post_norm);
+    jobs.emplace_back(p + "self_attn.q_proj.weight", w.wqkv.narrow(0, 0, qd));
+    jobs.emplace_back(p + "self_attn.k_proj.weight", w.wqkv.narrow(0, qd, kvd));
+    jobs.emplace_back(p + "self_attn.v_proj.weight", w.wqkv.narrow(0, qd + kvd, kvd));
+    jobs.emplace_back(p + "self_attn.o_proj.weight", w.wo);
+    jobs.emplace_back(p + "mlp.gate_proj.weight", w.w_gate_up.narrow(0, 0, I));
+    jobs.emplace_back(p + "mlp.up_proj.weight", w.w_gate_up.narrow(0, I, I));
+    jobs.emplace_back(p + "mlp.down_proj.weight", w.w_down);
+    if (c.qk_norm) {
+      w.q_norm = at::empty({hd}, opt);
+      w.k_norm = at::empty({hd}, opt);
+      jobs.emplace_back(p + "self_attn.q_norm.weight", w.q_norm);
+      jobs.emplace_back(p + "self_attn.k_norm.weight", w.k_norm);
+    }
+  }
+  if (want_head) {
+    m.norm_ = at::empty({H}, opt);
+    jobs.emplace_back("model.norm.weight", m.norm_);
+    if (c.tie_word_embeddings) {
+      m.lm_head_ = m.embed_;
+    } else {
+      m.lm_head_ = at::empty({c.vocab_size, H}, opt);
+      jobs.emplace_back("lm_head.weight", m.lm_head_);
+    }
+  }
+  // Largest first, so that the parallel copies finish together.
+  std::stable_sort(jobs.begin(), jobs.end(),
+                   [](const auto& a, const auto& b) { return a.second.numel() > b.second.numel(); });
+  run_loads(file, jobs, device);
+  m.inv_freq_ = rope_inv_freq(c).to(device);
+  return m;
+}
+
+// ---- forward ---------------------------------------------------------------------------------
+
+// One pass over a set of tokens. Packed mode: documents given by cu_seqlens. Decode mode: one
+// token per sequence, attending to a KV cache.
+struct TargetModel::Pass {
+  at::Tensor ids;        // [T] int64 on device
+  at::Tensor cos, sin;   // [T, head_dim / 2] float32 on device
+  int64_t run_layers = 0;
+  std::vector<int64_t> capture_ids;
+  at::Tensor captured;   // [T, K * H]
+  // packed mode
+  std::vector<int64_t> cu;  // host copy
+  at::Tensor cu_dev;        // int32 on device
+  int64_t max_len = 0;
+  // KV cache (generation): per layer [B, max_len, nkv, hd]
+  std::vector<at::Tensor>* cache_k = nullptr;
+  std::vector<at::Tensor>* cache_v = nullptr;
+  bool decode = false;
+  at::Tensor lens;       // decode: [B] int64 on device, tokens already in the cache
+  int64_t cache_used = 0;  // decode: max(lens) + 1
+};
+
+namespace {
+
+// Host copy of cu_seqlens, validated against T.
+std::vector<int64_t> check_cu_seqlens(const at::Tensor& cu_seqlens, int64_t T) {
+  if (cu_seqlens.dim() != 1 || cu_seqlens.numel() < 2 ||
+      (cu_seqlens.scalar_type() != at::kLong && cu_seqlens.scalar_type() != at::kInt))
+    throw_user("target forward: cu_seqlens must be a 1-D int32/int64 tensor [n_docs + 1], got {} "
+               "of shape [{}]", c10::toString(cu_seqlens.scalar_type()), fmt::join(cu_seqlens.sizes(), ", "));
+  at::Tensor h = cu_seqlens.to(at::kCPU, at::kLong).contiguous();
+  std::vector<int64_t> cu(h.data_ptr<int64_t>(), h.data_ptr<int64_t>() + h.numel());
+  if (cu.front() != 0 || cu.back() != T)
+    throw_user("target forward: cu_seqlens must start at 0 and end at the token count {}, got {} .. {}",
+               T, cu.front(), cu.back());
+  for (size_t i = 1; i < cu.size(); ++i)
+    if (cu[i] <= cu[i - 1])
+      throw_user("target forward: cu_seqlens must be strictly increasing (document {} is empty or "
+                 "negative: {} -> {})", i - 1, cu[i - 1], cu[i]);
+  return cu;
+}
+
+}  // namespace
+
+at::Tensor TargetModel::run_layers(Pass& pass) const {
+  const HfConfig& c = cfg_;
+  const int64_t T = pass.ids.size(0);
+  const int64_t H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim;
+  const int64_t nq = c.num_attention_heads, nkv = c.num_key_value_heads;
+  const double eps = c.rms_norm_eps;
+  const double scale = 1.0 / std::sqrt(double(hd));
+
+  at::Tensor x = at::embedding(embed_, pass.ids);  // [T, H], the residual stream
+  size_t next_capture = 0;
+  for (int64_t l = 0; l < pass.run_layers; ++l) {
+    const Layer& w = layers_[l];
+    at::Tensor h = ops::rms_norm(x, w.input_norm, eps);
+    at::Tensor qkv = at::mm(h, w.wqkv.t());  // [T, (nq + 2 nkv) hd]
+    auto [q, k, v] = ops::qkv_heads(qkv, nq, nkv, hd, w.q_norm, w.k_norm, eps, pass.cos, pass.sin);
+
+    at::Tensor attn;
+    if (!pass.decode) {
+      if (pass.cache_k) {  // prefill: keep this layer's keys and values
+        for (size_t b = 0; b + 1 < pass.cu.size(); ++b) {
+          int64_t s = pass.cu[b], n = pass.cu[b + 1] - s;
+          (*pass.cache_k)[l][b].narrow(0, 0, n).copy_(k.narrow(0, s, n));
+          (*pass.cache_v)[l][b].narrow(0, 0, n).copy_(v.narrow(0, s, n));
+        }
+      }
+      attn = ops::varlen_causal_attention(q, k, v, pass.cu, pass.cu_dev, pass.max_len, scale);
+    } else {
+      at::Tensor ck = (*pass.cache_k)[l], cv = (*pass.cache_v)[l];
+      at::Tensor rows = at::arange(T, pass.lens.options());
+      ck.index_put_({rows, pass.lens}, k);
+      cv.index_put_({rows, pass.lens}, v);
+      int64_t used = pass.cache_used;
+      at::Tensor mask = at::arange(used, pass.lens.options()).unsqueeze(0) <= pass.lens.unsqueeze(1);
+      at::Tensor o = at::scaled_dot_product_attention(
+          q.unsqueeze(2),                                      // [B, nq, 1, hd]
+          ck.narrow(1, 0, used).transpose(1, 2),               // [B, nkv, used, hd]
+          cv.narrow(1, 0, used).transpose(1, 2),
+          mask.view({T, 1, 1, used}), 0.0, false, scale, /*enable_gqa=*/true);
+      attn = o.view({T, nq, hd});
+    }
+    x.addmm_(attn.reshape({T, nq * hd}), w.wo.t());
+    h = ops::rms_norm(x, w.post_norm, eps);
+    at::Tensor gu = at::mm(h, w.w_gate_up.t());  // [T, 2I]
+    x.addmm_(ops::silu_mul(gu, I), w.w_down.t());
+    if (next_capture < pass.capture_ids.size() && pass.capture_ids[next_capture] == l) {
+      pass.captured.narrow(1, int64_t(next_capture) * H, H).copy_(x);
+      ++next_capture;
+    }
+  }
+  return x;
+}
+
+at::Tensor TargetModel::final_logits(const at::Tensor& hidden) const {
+  if (!lm_head_.defined())
+    throw_user("target model: logits need the final norm and lm_head, which were not loaded");
+  return at::mm(ops::rms_norm(hidden, norm_, cfg_.rms_norm_eps), lm_head_.t()).to(at::kFloat);
+}
+
+namespace {
+
+void check_ids(const at::Tensor& ids, int64_t vocab) {
+  if (ids.dim() != 1 || ids.scalar_type() != at::kLong)
+    throw_user("target forward: ids must be a 1-D int64 tensor, got {} of shape [{}]",
+               c10::toString(ids.scalar_type()), fmt::join(ids.sizes(), ", "));
+  if (ids.numel() == 0) throw_user("target forward: no tokens");
+  auto [lo, hi] = at::aminmax(ids);
+  int64_t l = lo.item<int64_t>(), h = hi.item<int64_t>();
+  if (l < 0 || h >= vocab)
+    throw_user("target forward: token id {} is outside the vocabulary [0, {})", l < 0 ? l : h, vocab);
+}
+
+void check_layer_ids(const std::vector<int64_t>& ids, int64_t loaded) {
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= loaded)
+      throw_user("target capture: layer id {} is outside [0, {}) (loaded decoder layers)", ids[i],
+                 loaded);
+    if (i && ids[i] <= ids[i - 1])
+      throw_user("target capture: layer ids must be strictly increasing, got {} after {}", ids[i],
+                 ids[i - 1]);
+  }
+}
+
+}  // namespace
+
+TargetModel::Output TargetModel::forward(const at::Tensor& ids_in, const at::Tensor& cu_seqlens,
+                                         const std::vector<int64_t>& layer_ids) const {
+  c10::InferenceMode guard;
+  check_ids(ids_in, cfg_.vocab_size);
+  check_layer_ids(layer_ids, num_layers_loaded());
+  Pass pass;
+  const int64_t T = ids_in.size(0);
+  pass.ids = ids_in.to(device_);
+  pass.cu = check_cu_seqlens(cu_seqlens, T);
+  for (size_t b = 0; b + 1 < pass.cu.size(); ++b)
+    pass.max_len = std::max(pass.max_len, pass.cu[b + 1] - pass.cu[b]);
+  pass.cu_dev = at::tensor(pass.cu, at::kLong).to(at::kInt).to(device_);
+  at::Tensor pos = ops::positions_from_cu(pass.cu, T).to(device_);
+  std::tie(pass.cos, pass.sin) = ops::rope_cos_sin(pos, inv_freq_);
+  pass.capture_ids = layer_ids;
+  Output out;
+  if (!layer_ids.empty()) {
+    pass.captured = at::empty({T, int64_t(layer_ids.size()) * cfg_.hidden_size},
+                              at::TensorOptions().dtype(dtype_).device(device_));
+    out.captured = pass.captured;
+  }
+  if (!lm_head_.defined()) {
+    if (layer_ids.empty()) throw_user("target forward: no lm_head loaded and no layers to capture");
+    pass.run_layers = layer_ids.back() + 1;
+    run_layers(pass);
+    return out;
+  }
+  pass.run_layers = num_layers_loaded();
+  at::Tensor x = run_layers(pass);
+  out.logits = final_logits(x);
+  return out;
+}
+
+at::Tensor TargetModel::capture(const at::Tensor& ids_in, const at::Tensor& cu_seqlens,
+                                const std::vector<int64_t>& layer_ids) const {
+  c10::InferenceMode guard;
+  if (layer_ids.empty()) throw_user("target capture: no layer ids");
+  check_ids(ids_in, cfg_.vocab_size);
+  check_layer_ids(layer_ids, num_layers_loaded());
+  Pass pass;
+  const int64_t T = ids_in.size(0);
+  pass.ids = ids_in.to(device_);
+  pass.cu = check_cu_seqlens(cu_seqlens, T);
+  for (size_t b = 0; b + 1 < pass.cu.size(); ++b)
+    pass.max_len = std::max(pass.max_len, pass.cu[b + 1] - pass.cu[b]);
+  pass.cu_dev = at::tensor(pass.cu, at::kLong).to(at::kInt).to(device_);
+  at::Tensor pos = ops::positions_from_cu(pass.cu, T).to(device_);
+  std::tie(pass.cos, pass.sin) = ops::rope_cos_sin(pos, inv_freq_);
+  pass.capture_ids = layer_ids;
+  pass.captured = at::empty({T, int64_t(layer_ids.size()) * cfg_.hidden_size},
+                            at::TensorOptions().dtype(dtype_).device(device_));
+  pass.run_layers = layer_ids.back() + 1;
+  run_layers(pass);
+  return pass.captured;
+}
+
+// ---- generation ------------------------------------------------------------------------------
+
+std::vector<std::vector<int64_t>> TargetModel::generate(
+    const std::vector<std::vector<int64_t>>& prompts, int64_t max_new_tokens,
+    bool stop_at_eos) const {
+  c10::InferenceMode guard;
+  if (!lm_head_.defined()) throw_user("target generate: the model was loaded without lm_head");
+  const int64_t B = int64_t(prompts.size());
+  std::vector<std::vector<int64_t>> out(B);
+  if (B == 0 || max_new_tokens <= 0) return out;
+  std::vector<int64_t> flat, cu = {0};
+  int64_t longest = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    if (prompts[b].empty()) throw_user("target generate: prompt {} is empty", b);
+    flat.insert(flat.end(), prompts[b].begin(), prompts[b].end());
+    cu.push_back(int64_t(flat.size()));
+    longest = std::max<int64_t>(longest, int64_t(prompts[b].size()));
+  }
+  const HfConfig& c = cfg_;
+  const int64_t cap = longest + max_new_tokens;
+  auto opt = at::TensorOptions().dtype(dtype_).device(device_);
+  std::vector<at::Tensor> ck, cv;
+  for (int64_t l = 0; l < num_layers_loaded(); ++l) {
+    ck.push_back(at::empty({B, cap, c.num_key_value_heads, c.head_dim}, opt));
+    cv.push_back(at::empty({B, cap, c.num_key_value_heads, c.head_dim}, opt));
+  }
+  // Prefill: every prompt as one document of a packed stream.
+  at::Tensor ids = at::tensor(flat, at::kLong);
+  check_ids(ids, c.vocab_size);
+  Pass pre;
+  pre.ids = ids.to(device_);
+  pre.cu = cu;
+  pre.max_len = longest;
+  pre.cu_dev = at::tensor(cu, at::kLong).to(at::kInt).to(device_);
+  std::tie(pre.cos, pre.sin) =
+      ops::rope_cos_sin(ops::positions_from_cu(cu, int64_t(flat.size())).to(device_), inv_freq_);
+  pre.run_layers = num_layers_loaded();
+  pre.cache_k = &ck;
+  pre.cache_v = &cv;
+  at::Tensor x = run_layers(pre);
+  at::Tensor last = at::tensor(std::vector<int64_t>(cu.begin() + 1, cu.end()), at::kLong) - 1;
+  at::Tensor next = final_logits(x.index_select(0, last.to(device_))).argmax(-1);  // [B]
+
+  std::vector<int64_t> lens(B);
+  for (int64_t b = 0; b < B; ++b) lens[b] = int64_t(prompts[b].size());
+  std::vector<bool> done(B, false);
+  const std::set<int64_t> eos(c.eos_token_ids.begin(), c.eos_token_ids.end());
+  for (int64_t step = 0;; ++step) {
+    at::Tensor h = next.to(at::kCPU);
+    bool all_done = true;
+    for (int64_t b = 0; b < B; ++b) {
+      if (done[b]) continue;
+      int64_t t = h[b].item<int64_t>();
+      out[b].push_back(t);
+      if ((stop_at_eos && eos.count(t)) || int64_t(out[b].size()) >= max_new_tokens) done[b] = true;
+      all_done &= done[b];
+    }
+    if (all_done) break;
+    // Decode one token per sequence (finished ones keep running; their tokens are dropped).
+    Pass dec;
+    dec.decode = true;
+    dec.ids = next;
+    at::Tensor lens_t = at::tensor(lens, at::kLong);
+    dec.lens = lens_t.to(device_);
+    dec.cache_used = *std::max_element(lens.begin(), lens.end()) + 1;
+    std::tie(dec.cos, dec.sin) = ops::rope_cos_sin(dec.lens, inv_freq_);
+    dec.run_layers = num_layers_loaded();
+    dec.cache_k = &ck;
+    dec.cache_v = &cv;
+    next = final_logits(run_layers(dec)).argmax(-1);
+    for (auto& n : lens) ++n;
+  }
+  return out;
+}
+
+// ---- drafter side ----------------------------------------------------------------------------
+
+TargetEmbeddings load_target_embeddings(const std::string& dir, at::ScalarType dtype,
+                                        at::Device device) {
+  c10::InferenceMode guard(false);
+  TargetEmbeddings e;
+  e.config = load_hf_config(dir);
+  st::SafeTensors file = open_checked(dir, e.config);
+  const std::vector<int64_t> shape = {e.config.vocab_size, e.config.hidden_size};
+  e.embed_tokens = file.load("model.embed_tokens.weight", dtype, device, &shape);
+  e.tied = e.config.tie_word_embeddings;
+  e.lm_head = e.tied ? e.embed_tokens : file.load("lm_head.weight", dtype, device, &shape);
+  e.embed_tokens.requires_grad_(false);
+  e.lm_head.requires_grad_(false);
+  return e;
+}
+
+}  // namespace dflash::model

@@ -1,0 +1,109 @@
+// The frozen target model (Qwen3 / Llama-3 decoder-only transformer) in LibTorch: loading from a
+// Hugging Face directory, a forward over one packed token stream of variable-length documents
+// with hidden-state capture, full logits, and greedy generation with a KV cache.
+//
+// Semantics (DFLASH.md §1.1, §7): capture id i = the output of 0-indexed decoder layer i (the
+// residual stream after that layer's MLP add, before the final norm) = transformers'
+// hidden_states[i + 1]. Documents in a packed stream never attend to each other and their
+// positions restart at 0.
+//
+// Owns: the weights, on one device in one dtype, fused at load (q/k/v -> one [q+2kv, H] matrix,
+// gate/up -> one [2I, H] matrix). Inference only: every entry point runs under
+// c10::InferenceMode and returns inference tensors. Thread-safety: the weights are immutable
+// after load; concurrent calls on one device are safe but share the device's current stream.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "trainer/model/hf_config.h"
+
+namespace dflash::model {
+
+struct TargetLoadOptions {
+  // Load only decoder layers [0, num_layers) (-1: all). A model loaded with fewer layers can
+  // capture up to layer num_layers - 1 but has no final norm and no LM head (no logits).
+  int64_t num_layers = -1;
+  // Load model.norm and lm_head (needed for logits and generation).
+  bool lm_head = true;
+};
+
+class TargetModel {
+ public:
+  // `dir`: a Hugging Face model directory (config.json + model.safetensors or a sharded index).
+  // Weights are validated against config.json: missing and unexpected names are listed, and
+  // each tensor's shape is checked; float weights of any stored float dtype are converted.
+  static TargetModel load(const std::string& dir, at::ScalarType dtype, at::Device device,
+                          const TargetLoadOptions& opts = {});
+
+  const HfConfig& config() const { return cfg_; }
+  at::ScalarType dtype() const { return dtype_; }
+  at::Device device() const { return device_; }
+  int64_t num_layers_loaded() const { return static_cast<int64_t>(layers_.size()); }
+  bool has_lm_head() const { return lm_head_.defined(); }
+
+  // Outputs of decoder layers `layer_ids` (strictly increasing, each < num_layers_loaded),
+  // concatenated along features in id order: [T, K * H] in the model dtype. Runs only up to
+  // the last captured layer. `ids` [T] int64, `cu_seqlens` [n_docs + 1] int32/int64 (0, ...,
+  // T), on any device.
+  at::Tensor capture(const at::Tensor& ids, const at::Tensor& cu_seqlens,
+                     const std::vector<int64_t>& layer_ids) const;
+
+  struct Output {
+    at::Tensor captured;  // [T, K * H] (undefined if no layer ids)
+    at::Tensor logits;    // [T, vocab] in float32
+  };
+  // The whole model: captured states and logits.
+  Output forward(const at::Tensor& ids, const at::Tensor& cu_seqlens,
+                 const std::vector<int64_t>& layer_ids = {}) const;
+
+  // Greedy decoding for a batch of prompts (token id lists of any lengths): up to
+  // `max_new_tokens` new tokens each; with `stop_at_eos`, a sequence ends after the first of
+  // config().eos_token_ids it produces (that token included). Returns only the new tokens.
+  std::vector<std::vector<int64_t>> generate(const std::vector<std::vector<int64_t>>& prompts,
+                                             int64_t max_new_tokens, bool stop_at_eos) const;
+
+  // The layers' weights (fused), for tests and benchmarks.
+  struct Layer {
+    at::Tensor input_norm, post_norm;  // [H]
+    at::Tensor q_norm, k_norm;         // [head_dim] (qwen3 only)
+    at::Tensor wqkv;                   // [(nq + 2 nkv) * head_dim, H]
+    at::Tensor wo;                     // [H, nq * head_dim]
+    at::Tensor w_gate_up;              // [2 I, H]
+    at::Tensor w_down;                 // [H, I]
+  };
+
+ private:
+  struct Pass;
+  at::Tensor run_layers(Pass& pass) const;
+  at::Tensor final_logits(const at::Tensor& hidden) const;
+
+  HfConfig cfg_;
+  at::ScalarType dtype_ = at::kFloat;
+  at::Device device_ = at::kCPU;
+  at::Tensor embed_;    // [V, H]
+  at::Tensor norm_;     // [H] (undefined without lm_head)
+  at::Tensor lm_head_;  // [V, H] (== embed_ when tied; undefined without lm_head)
+  at::Tensor inv_freq_; // [head_dim / 2] float32 on device
+  std::vector<Layer> layers_;
+};
+
+// Drafter side: the target's embed_tokens and lm_head only (the same tensor when
+// tie_word_embeddings), frozen (no grad), validated against config.json.
+struct TargetEmbeddings {
+  at::Tensor embed_tokens;  // [V, H]
+  at::Tensor lm_head;       // [V, H]
+  bool tied = false;
+  HfConfig config;
+};
+TargetEmbeddings load_target_embeddings(const std::string& dir, at::ScalarType dtype,
+                                        at::Device device);
+
+// The safetensors names of a Hugging Face checkpoint of this config (decoder layers
+// [0, num_layers), plus norm/lm_head if asked), in a stable order.
+std::vector<std::string> target_weight_names(const HfConfig& cfg, int64_t num_layers, bool lm_head);
+
+}  // namespace dflash::model

@@ -1,0 +1,154 @@
+// CUDA kernels of the target forward (see target_kernels.h).
+#include "trainer/model/target_kernels.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+namespace dflash::model::kernels {
+
+namespace {
+
+template <typename T> __device__ __forceinline__ float to_f(T v);
+template <> __device__ __forceinline__ float to_f(float v) { return v; }
+template <> __device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+template <> __device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
+template <typename T> __device__ __forceinline__ T from_f(float v);
+template <> __device__ __forceinline__ float from_f(float v) { return v; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f(float v) { return __float2bfloat16(v); }
+template <> __device__ __forceinline__ __half from_f(float v) { return __float2half(v); }
+
+constexpr int kMaxPairsPerLane = 4;  // hd <= 2 * 32 * 4 = 256
+
+// One warp per (token, head). Lane l owns rotation pairs p = l, l + 32, ... (< hd / 2).
+template <typename T>
+__global__ void qk_norm_rope_kernel(T* __restrict__ qkv, int64_t T_tokens, int64_t ld, int nq,
+                                    int nkv, int hd, const T* __restrict__ q_norm,
+                                    const T* __restrict__ k_norm, float eps,
+                                    const float* __restrict__ cos, const float* __restrict__ sin) {
+  const int warps_per_block = blockDim.x / 32;
+  const int64_t warp = int64_t(blockIdx.x) * warps_per_block + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int heads = nq + nkv;
+  if (warp >= T_tokens * heads) return;
+  const int64_t t = warp / heads;
+  const int h = int(warp % heads);
+  const int half = hd / 2;
+  T* x = qkv + t * ld + int64_t(h) * hd;
+  const T* w = h < nq ? q_norm : k_norm;
+
+  float a[kMaxPairsPerLane], b[kMaxPairsPerLane];
+  float ss = 0.f;
+#pragma unroll
+  for (int k = 0; k < kMaxPairsPerLane; ++k) {
+    int p = lane + 32 * k;
+    if (p < half) {
+      a[k] = to_f(x[p]);
+      b[k] = to_f(x[p + half]);
+      ss += a[k] * a[k] + b[k] * b[k];
+    }
+  }
+  float scale = 1.f;
+  if (w) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    scale = rsqrtf(ss / float(hd) + eps);
+  }
+  const float* c = cos + t * half;
+  const float* s = sin + t * half;
+#pragma unroll
+  for (int k = 0; k < kMaxPairsPerLane; ++k) {
+    int p = lane + 32 * k;
+    if (p < half) {
+      float y1 = a[k], y2 = b[k];
+      if (w) {
+        y1 = y1 * scale * to_f(w[p]);
+        y2 = y2 * scale * to_f(w[p + half]);
+      }
+      float cc = c[p], sn = s[p];
+      x[p] = from_f<T>(y1 * cc - y2 * sn);
+      x[p + half] = from_f<T>(y2 * cc + y1 * sn);
+    }
+  }
+}
+
+__device__ __forceinline__ float silu_f(float g) { return g / (1.f + __expf(-g)); }
+
+// Vectorized: 8 elements (16 bytes of bf16/f16) per thread when I % 8 == 0.
+template <typename T, int V>
+__global__ void silu_mul_kernel(const T* __restrict__ gu, T* __restrict__ out, int64_t T_tokens,
+                                int64_t I) {
+  const int64_t per_row = I / V;
+  const int64_t n = T_tokens * per_row;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t t = i / per_row, j = (i % per_row) * V;
+    const T* g = gu + t * 2 * I + j;
+    const T* u = g + I;
+    T* o = out + t * I + j;
+    if constexpr (V == 8 && sizeof(T) == 2) {
+      uint4 gv = *reinterpret_cast<const uint4*>(g);
+      uint4 uv = *reinterpret_cast<const uint4*>(u);
+      uint4 ov;
+      const T* ge = reinterpret_cast<const T*>(&gv);
+      const T* ue = reinterpret_cast<const T*>(&uv);
+      T* oe = reinterpret_cast<T*>(&ov);
+#pragma unroll
+      for (int k = 0; k < 8; ++k) oe[k] = from_f<T>(silu_f(to_f(ge[k])) * to_f(ue[k]));
+      *reinterpret_cast<uint4*>(o) = ov;
+    } else {
+#pragma unroll
+      for (int k = 0; k < V; ++k) o[k] = from_f<T>(silu_f(to_f(g[k])) * to_f(u[k]));
+    }
+  }
+}
+
+template <typename T>
+void launch_qk(void* qkv, int64_t T_tokens, int64_t ld, int nq, int nkv, int hd, const void* qn,
+               const void* kn, float eps, const float* cos, const float* sin, cudaStream_t st) {
+  const int threads = 256, warps = threads / 32;
+  const int64_t total = T_tokens * (nq + nkv);
+  const int64_t blocks = (total + warps - 1) / warps;
+  if (blocks == 0) return;
+  qk_norm_rope_kernel<T><<<unsigned(blocks), threads, 0, st>>>(
+      static_cast<T*>(qkv), T_tokens, ld, nq, nkv, hd, static_cast<const T*>(qn),
+      static_cast<const T*>(kn), eps, cos, sin);
+}
+
+template <typename T>
+void launch_silu(const void* gu, void* out, int64_t T_tokens, int64_t I, cudaStream_t st) {
+  const int threads = 256;
+  bool vec = sizeof(T) == 2 && I % 8 == 0 && reinterpret_cast<uintptr_t>(gu) % 16 == 0 &&
+             reinterpret_cast<uintptr_t>(out) % 16 == 0;
+  const int64_t n = vec ? T_tokens * I / 8 : T_tokens * I;
+  int64_t blocks = (n + threads - 1) / threads;
+  if (blocks == 0) return;
+  if (blocks > 132 * 32) blocks = 132 * 32;
+  if (vec)
+    silu_mul_kernel<T, 8><<<unsigned(blocks), threads, 0, st>>>(static_cast<const T*>(gu),
+                                                                 static_cast<T*>(out), T_tokens, I);
+  else
+    silu_mul_kernel<T, 1><<<unsigned(blocks), threads, 0, st>>>(static_cast<const T*>(gu),
+                                                                 static_cast<T*>(out), T_tokens, I);
+}
+
+}  // namespace
+
+void qk_norm_rope(void* qkv, int64_t T, int64_t ld, int nq, int nkv, int hd, const void* q_norm,
+                  const void* k_norm, float eps, const float* cos, const float* sin, DType dtype,
+                  cudaStream_t stream) {
+  switch (dtype) {
+    case DType::BF16: launch_qk<__nv_bfloat16>(qkv, T, ld, nq, nkv, hd, q_norm, k_norm, eps, cos, sin, stream); break;
+    case DType::F16: launch_qk<__half>(qkv, T, ld, nq, nkv, hd, q_norm, k_norm, eps, cos, sin, stream); break;
+    case DType::F32: launch_qk<float>(qkv, T, ld, nq, nkv, hd, q_norm, k_norm, eps, cos, sin, stream); break;
+  }
+}
+
+void silu_mul(const void* gu, void* out, int64_t T, int64_t I, DType dtype, cudaStream_t stream) {
+  switch (dtype) {
+    case DType::BF16: launch_silu<__nv_bfloat16>(gu, out, T, I, stream); break;
+    case DType::F16: launch_silu<__half>(gu, out, T, I, stream); break;
+    case DType::F32: launch_silu<float>(gu, out, T, I, stream); break;
+  }
+}
+
+}  // namespace dflash::model::kernels
