@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "comm/error.h"
 #include "comm/log.h"
@@ -286,7 +287,7 @@ void run_drafter_role(const RoleContext& ctx) {
       pending.pop_front();
       post();
       if (msg.kind != kBatchMessage || msg.batch != k || msg.tensors.size() != kNumBatchTensors)
-        throw comm::CommError(fmt::format("drafter {}: expected batch {} ({} tensors) from {}, got kind {} batch {} "
+        throw CommError(fmt::format("drafter {}: expected batch {} ({} tensors) from {}, got kind {} batch {} "
                                           "with {} tensors",
                                           j, k, kNumBatchTensors, comm::name_rank(ctx.rank.schedule.source_rank(k)),
                                           msg.kind, msg.batch, msg.tensors.size()));
