@@ -117,7 +117,8 @@ DrafterTrainer::DrafterTrainer(const RoleContext& ctx, int64_t drafter_index, in
   m.sopt.seed = static_cast<uint64_t>(m.cfg.run.seed);
   m.sopt.gamma = p.gamma;
   m.sopt.loss_chunk = m.cfg.drafter.loss_chunk;
-  m.mlog = std::make_unique<metrics::MetricsLog>(m.cfg.run.dir, m.leader());
+  const bool console_elsewhere = m.cfg.log.console_rank >= 0 && m.cfg.log.console_rank != world_rank;
+  m.mlog = std::make_unique<metrics::MetricsLog>(m.cfg.run.dir, m.leader(), console_elsewhere);
   int64_t n_params = 0;
   for (const auto& [n, t] : m.drafter->named_parameters()) n_params += t.numel();
   log::info("drafter {}: {} parameters ({} layers, block {}, target layers [{}]) ready in {:.1f} s; steps {}..{} of {}",
@@ -236,14 +237,14 @@ void DrafterTrainer::finish_step(int64_t s) {
       meta.files.push_back(ckpt::kOptimizerFile);
       meta.files.push_back(ckpt::kConfigFile);
       ckpt::commit_state(m.cfg.run.dir, meta, to_yaml(m.cfg), ck.keep_last);
-      log::info("step {}: training state written to {}", done, ckpt::state_dir(m.cfg.run.dir, done));
+      m.mlog->announce(fmt::format("step {}: training state written to {}", done, ckpt::state_dir(m.cfg.run.dir, done)));
     }
     m.last_state = done;
   }
   if (m.leader() && ck.export_every > 0 && done % ck.export_every == 0 && !last) {
     files::make_dirs(m.cfg.run.dir + "/exports");
     model::export_drafter(*m.drafter, ckpt::export_dir(m.cfg.run.dir, done));
-    log::info("step {}: drafter exported to {}", done, ckpt::export_dir(m.cfg.run.dir, done));
+    m.mlog->announce(fmt::format("step {}: drafter exported to {}", done, ckpt::export_dir(m.cfg.run.dir, done)));
   }
 }
 
@@ -253,7 +254,8 @@ void DrafterTrainer::finish_run() {
   files::make_dirs(m.cfg.run.dir + "/exports");
   const std::string dir = ckpt::final_export_dir(m.cfg.run.dir);
   model::export_drafter(*m.drafter, dir);
-  log::info("training done: {} steps in {:.1f} s; drafter exported to {}", m.p.total_steps, now_s() - m.run_start, dir);
+  m.mlog->announce(fmt::format("training done: {} steps in {:.1f} s; drafter exported to {}", m.p.total_steps,
+                               now_s() - m.run_start, dir));
 }
 
 void run_drafter_role(const RoleContext& ctx) {
