@@ -17,6 +17,10 @@ step() { echo "--- $1 ($(( $(date +%s) - t0 )) s)"; }
 step "dflash capture forward"
 "$BUILD/bench/target_bench" forward --json "$OUT/dflash_forward.json" 2>&1 | tee "$OUT/dflash_forward.txt" || rc=1
 
+step "dflash capture forward with cuDNN attention (candidate backend)"
+DFLASH_TARGET_ATTENTION=cudnn timeout 90 "$BUILD/bench/target_bench" forward --shapes 8x2048 --iters 4 \
+  2>&1 | tee "$OUT/dflash_forward_cudnn.txt"
+
 step "write a Qwen3-8B-sized checkpoint (random bf16, 5 shards)"
 rm -rf "$CKPT"
 "$BUILD/bench/target_bench" write-checkpoint "$CKPT" --shards 5 2>&1 | tee "$OUT/write.txt" || rc=1
@@ -39,6 +43,9 @@ step "tables"
 echo "== GPU correctness (rel err = max|a-b|/max|b| per captured layer)"
 grep -E "^ *(layer|[0-9]+ )" "$OUT/gpu_test.txt" | head -8
 grep -E "passed|failed|error" "$OUT/gpu_test.txt" | tail -2
+echo "== dflash per-op breakdown (flash) and the cuDNN candidate"
+sed -n '/^breakdown/,$p' "$OUT/dflash_forward.txt"
+grep -E "^8x2048" "$OUT/dflash_forward_cudnn.txt" | sed 's/^/cudnn backend: /'
 echo "== load (Qwen3-8B-sized, 5 shards)"
 tail -3 "$OUT/load.txt"
 echo "== capture forward (Qwen3-8B shapes, ids 1,9,17,25,33 -> 34 layers run)"
