@@ -11,6 +11,7 @@
 
 #include "comm/error.h"
 #include "trainer/config.h"
+#include "trainer/model/hf_config.h"
 #include "trainer/model/loss.h"
 
 namespace dflash::model {
@@ -60,6 +61,24 @@ struct SiluMul : public torch::autograd::Function<SiluMul> {
 };
 
 }  // namespace
+
+TargetInfo target_info(const HfConfig& c) {
+  TargetInfo t;
+  t.hidden_size = c.hidden_size;
+  t.intermediate_size = c.intermediate_size;
+  t.num_layers = c.num_hidden_layers;
+  t.num_heads = c.num_attention_heads;
+  t.num_kv_heads = c.num_key_value_heads;
+  t.head_dim = c.head_dim;
+  t.vocab_size = c.vocab_size;
+  t.rms_norm_eps = c.rms_norm_eps;
+  t.rope_theta = c.rope.theta;
+  if (c.max_position_embeddings > 0) t.max_position_embeddings = c.max_position_embeddings;
+  t.bos_token_id = c.bos_token_id.value_or(-1);
+  t.eos_token_id = c.eos_token_ids.empty() ? -1 : c.eos_token_ids.front();
+  t.mask_token_id = (c.model_type == "qwen3" && c.vocab_size == 151936) ? 151669 : -1;
+  return t;
+}
 
 // ---- spec -------------------------------------------------------------------------------------
 
