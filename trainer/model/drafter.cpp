@@ -37,11 +37,31 @@ std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& pos, int64_t d, 
   return {emb.cos().to(dtype), emb.sin().to(dtype)};
 }
 
-at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+// x * cos + rotate_half(x) * sin. RoPE is linear in x, so the backward needs only the (shared)
+// tables: dx = g * cos + rotate_half^T(g * sin), rotate_half^T(z) = [z2, -z1]. Nothing per layer
+// is saved (the unfused form keeps x and rotate_half(x) of every layer).
+at::Tensor rotate_half(const at::Tensor& x, bool transpose) {
   const int64_t half = x.size(-1) / 2;
   auto x1 = x.narrow(-1, 0, half), x2 = x.narrow(-1, half, half);
-  auto rot = at::cat({x2.neg(), x1}, -1);
-  return x * cos + rot * sin;
+  return transpose ? at::cat({x2, x1.neg()}, -1) : at::cat({x2.neg(), x1}, -1);
+}
+
+struct Rope : public torch::autograd::Function<Rope> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos,
+                            const at::Tensor& sin) {
+    ctx->save_for_backward({cos, sin});
+    return x * cos + rotate_half(x, false) * sin;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const auto &cos = saved[0], &sin = saved[1], &g = grads[0];
+    return {g * cos + rotate_half(g * sin, true), at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  return Rope::apply(x, cos, sin);
 }
 
 // silu(g) * u, saving only g and u (the unfused form also keeps silu(g) for the backward).
