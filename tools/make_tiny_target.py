@@ -23,7 +23,7 @@ import sys
 # The demo shape: small enough for 4 ranks on 2 CPU cores, Qwen3 in every structural detail
 # (GQA, per-head q/k norm, head_dim != hidden/heads, untied lm_head).
 SHAPE = dict(vocab_size=512, hidden_size=64, intermediate_size=192, num_hidden_layers=6,
-             num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=1024,
+             num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=1024,
              rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False)
 REAL_VOCAB = 500
 
