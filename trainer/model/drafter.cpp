@@ -7,6 +7,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <torch/csrc/autograd/custom_function.h>
 
 #include "comm/error.h"
 #include "trainer/config.h"
@@ -41,6 +42,22 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
   auto rot = at::cat({x2.neg(), x1}, -1);
   return x * cos + rot * sin;
 }
+
+// silu(g) * u, saving only g and u (the unfused form also keeps silu(g) for the backward).
+struct SiluMul : public torch::autograd::Function<SiluMul> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& g, const at::Tensor& u) {
+    ctx->save_for_backward({g, u});
+    return at::silu(g) * u;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const auto &g = saved[0], &u = saved[1], &go = grads[0];
+    auto sig = at::sigmoid(g);
+    auto dsilu = sig * (1 + g * (1 - sig));  // d/dg [g sigmoid(g)]
+    return {go * u * dsilu, go * (g * sig)};
+  }
+};
 
 }  // namespace
 
@@ -170,6 +187,24 @@ double resolve_gamma(int64_t bs, double configured) {
       throw_user("drafter.gamma: DFLASH.md gives gamma only for block sizes 16, 10 and 8; set drafter.gamma for "
                  "block_size {}", bs);
   }
+}
+
+StepOptions make_step_options(const DrafterConfig& cfg, int64_t seed) {
+  StepOptions o;
+  if (cfg.attention == "sdpa")
+    o.attention = attention::Backend::Reference;
+  else if (cfg.attention == "kernel")
+    o.attention = attention::Backend::Kernel;
+  else
+    throw_user("drafter.attention: expected \"sdpa\" or \"kernel\", got \"{}\"", cfg.attention);
+  if (cfg.num_anchors < 1) throw_user("drafter.num_anchors must be >= 1, got {}", cfg.num_anchors);
+  if (cfg.loss_chunk < 0) throw_user("drafter.loss_chunk must be >= 0 (0: unfused), got {}", cfg.loss_chunk);
+  o.num_anchors = cfg.num_anchors;
+  o.seed = static_cast<uint64_t>(seed);
+  o.gamma = cfg.gamma;
+  resolve_gamma(cfg.block_size, cfg.gamma);  // fails early for a block size without a default
+  o.loss_chunk = cfg.loss_chunk;
+  return o;
 }
 
 double StepOutput::accuracy() const {
@@ -303,7 +338,7 @@ at::Tensor Drafter::hidden(const DrafterBatch& batch, const Blocks& blocks, cons
     auto o = attention::attend(q, k, v, prep).transpose(1, 2).reshape({B, Q, hq * d});
     x = x + at::linear(o, L.o);
     auto h2 = rms(x, L.post_norm, s.rms_norm_eps);
-    x = x + at::linear(at::silu(at::linear(h2, L.gate)) * at::linear(h2, L.up), L.down);
+    x = x + at::linear(SiluMul::apply(at::linear(h2, L.gate), at::linear(h2, L.up)), L.down);
   }
   return rms(x, norm_, s.rms_norm_eps);
 }

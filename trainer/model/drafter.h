@@ -106,6 +106,10 @@ struct StepOptions {
   bool recompute_loss = false;  // fused CE: recompute logits in the backward (loss.h CeMode)
 };
 
+// The step options of the YAML drafter section (drafter.attention: "sdpa" or "kernel"; UserError
+// naming the key otherwise) and the run seed.
+StepOptions make_step_options(const DrafterConfig& cfg, int64_t seed);
+
 // Result of one batch. The sums are what data-parallel ranks all-reduce.
 struct StepOutput {
   at::Tensor loss;             // scalar (float32), differentiable: Σ CE·w·d / (Σ w·d + 1e-6)

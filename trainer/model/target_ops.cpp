@@ -108,7 +108,7 @@ at::Tensor silu_mul(const at::Tensor& gu, int64_t I) {
 at::Tensor varlen_causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                    const std::vector<int64_t>& cu, const at::Tensor& cu_dev,
                                    int64_t max_len, double scale) {
-  if (q.is_cuda()) {
+  if (q.is_cuda() && (q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf)) {
     auto res = at::_flash_attention_forward(q, k, v, cu_dev, cu_dev, max_len, max_len, 0.0,
                                             /*is_causal=*/true, /*return_debug_mask=*/false, scale);
     return std::get<0>(res);
