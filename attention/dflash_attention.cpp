@@ -8,8 +8,7 @@
 #include "comm/error.h"
 
 // The kernel's entry points exist when attention/kernel_cuda.cpp is built (CUDA builds).
-// (__has_include: the kernel sources land on main separately from this file.)
-#if DFLASH_ATTENTION_KERNEL && __has_include("attention/kernel_cuda.cpp")
+#if DFLASH_ATTENTION_KERNEL
 #define DFLASH_HAVE_KERNEL 1
 #include "attention/kernel.h"
 #else
@@ -77,13 +76,16 @@ Prepared prepare(const MaskSpec& spec, Backend backend, at::ScalarType dtype, at
 #endif
     return p;
   }
-  // Keys padded to a multiple of 128; if some block is dropped (keep=false) its rows need one
-  // visible padding key (the sink, zero K and V) so that they yield 0 instead of NaN.
-  const bool any_dropped = spec.keep.numel() > 0 && !spec.keep.all().item<bool>();
-  p.kv_pad = (p.kv_len + 127) / 128 * 128;
-  if (any_dropped && p.kv_pad == p.kv_len) p.kv_pad += 128;
-  const int64_t sink = any_dropped ? p.kv_len : -1;
-  p.dense_mask = detail::additive_mask(spec, p.kv_pad, sink, dtype, device);
+  // Keys of each SDPA entry padded to a multiple of 128; if some row sees nothing (a dropped
+  // block, or a block that fills the last query group) it needs one visible padding key (the
+  // sink, zero K and V) so that it yields 0 instead of NaN.
+  auto l = detail::make_layout(spec, detail::group_queries_setting());
+  const int64_t kv_entry = spec.ctx_len + l.G * l.bs;
+  const bool any_dropped = l.ng * l.G > l.N || (spec.keep.numel() > 0 && !spec.keep.all().item<bool>());
+  p.kv_pad = (kv_entry + 127) / 128 * 128;
+  if (any_dropped && p.kv_pad == kv_entry) p.kv_pad += 128;
+  const int64_t sink = any_dropped ? kv_entry : -1;
+  p.dense_mask = detail::additive_mask(spec, l, p.kv_pad, sink, dtype, device);
   return p;
 }
 
@@ -114,8 +116,8 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 
 at::Tensor dense_bool_mask(const MaskSpec& spec) {
   validate(spec);
-  return detail::visibility(spec, spec.ctx_len + spec.ctx_begin.size(1) * spec.block_size,
-                            spec.ctx_begin.device(), -1);
+  auto l = detail::make_layout(spec, 0);  // one group: the plain layout [context | all blocks]
+  return detail::visibility(spec, l, spec.ctx_len + l.N * l.bs, spec.ctx_begin.device(), -1);
 }
 
 }  // namespace dflash::attention

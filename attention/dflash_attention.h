@@ -33,9 +33,10 @@ enum class Backend { Reference, Kernel };
 struct Prepared {
   MaskSpec spec;
   Backend backend = Backend::Reference;
-  at::Tensor dense_mask;  // reference path: additive [B, 1, N*bs, KV_pad] in the query dtype
+  at::Tensor dense_mask;  // reference path: additive [B*ng, 1, G*bs, KV_pad] in the query dtype
+                          // (ng groups of G blocks per row, attention/reference.h; ng = 1: [B, 1, N*bs, KV_pad])
   int64_t kv_len = 0;     // C + N*bs
-  int64_t kv_pad = 0;     // reference path: kv_len rounded up to a multiple of 128 (masked keys)
+  int64_t kv_pad = 0;     // reference path: keys per SDPA entry (C + G*bs) rounded up to a multiple of 128 (masked keys)
   at::Tensor kernel_meta; // kernel path: tile lists (attention/kernel.h)
 };
 

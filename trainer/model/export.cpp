@@ -11,6 +11,7 @@
 
 #include "comm/error.h"
 #include "trainer/checkpoint/files.h"
+#include "trainer/config.h"
 #include "trainer/model/safetensors.h"
 #include "trainer/model/target_json.h"
 
@@ -222,6 +223,27 @@ Drafter import_drafter(const std::string& dir, const TargetInfo& target, at::Dev
   spec.check_fits(target, cfg);
   Drafter d(spec, device, dtype);
   load_drafter_weights(d, dir);
+  return d;
+}
+
+Drafter make_drafter(const TargetInfo& target, const DrafterConfig& cfg, const std::vector<int64_t>& layer_ids,
+                     int64_t num_features, int64_t seed, at::Device device, at::ScalarType dtype) {
+  if (cfg.init_from.empty()) {
+    Drafter d(make_spec(target, cfg, layer_ids, num_features), device, dtype);
+    d.init_random(static_cast<uint64_t>(seed));
+    return d;
+  }
+  Drafter d = import_drafter(cfg.init_from, target, device, dtype);
+  const auto& s = d.spec();
+  const std::string where = "drafter.init_from (" + cfg.init_from + ")";
+  if (s.block_size != cfg.block_size)
+    throw_user("{}: block_size {} differs from drafter.block_size {}", where, s.block_size, cfg.block_size);
+  if (s.num_layers != cfg.num_layers)
+    throw_user("{}: num_hidden_layers {} differs from drafter.num_layers {}", where, s.num_layers, cfg.num_layers);
+  if (cfg.mask_token_id >= 0 && s.mask_token_id != cfg.mask_token_id)
+    throw_user("{}: mask_token_id {} differs from drafter.mask_token_id {}", where, s.mask_token_id, cfg.mask_token_id);
+  if (!layer_ids.empty() && s.target_layer_ids != layer_ids)
+    throw_user("{}: target_layer_ids differ from target.layer_ids", where);
   return d;
 }
 

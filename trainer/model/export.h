@@ -39,4 +39,11 @@ Drafter import_drafter(const std::string& dir, const TargetInfo& target, at::Dev
 // Loads the tensors of `dir` into an existing drafter whose spec must equal the directory's.
 void load_drafter_weights(Drafter& drafter, const std::string& dir);
 
+// The drafter a run starts from: drafter.init_from's directory (imported and checked against the
+// target, and against the YAML drafter section: block_size, num_layers, mask token and target
+// layer ids must agree when they are set), else a new drafter of make_spec(...) initialised by
+// init_random(seed).
+Drafter make_drafter(const TargetInfo& target, const DrafterConfig& cfg, const std::vector<int64_t>& layer_ids,
+                     int64_t num_features, int64_t seed, at::Device device, at::ScalarType dtype);
+
 }  // namespace dflash::model

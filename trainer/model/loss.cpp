@@ -1,6 +1,7 @@
 // trainer/model/loss.h: fused chunked LM head + cross-entropy, and the block metrics.
 #include "trainer/model/loss.h"
 
+#include <atomic>
 #include <cmath>
 
 #include <ATen/ATen.h>
@@ -23,9 +24,23 @@ struct ChunkStats {
   at::Tensor scale;
 };
 
+// fp32 logits h @ W^T: on CUDA straight from the bf16 GEMM (mm.dtype, fp32 output), otherwise
+// by a conversion of the product.
+at::Tensor logits_fp32(const at::Tensor& h, const at::Tensor& weight) {
+  if (h.scalar_type() == at::kFloat) return at::mm(h, weight.t());
+  static std::atomic<bool> mm_dtype_ok{true};
+  if (h.is_cuda() && mm_dtype_ok) {
+    try {
+      return at::mm(h, weight.t(), at::kFloat);
+    } catch (const c10::Error&) {
+      mm_dtype_ok = false;  // not supported for this dtype/build: convert instead
+    }
+  }
+  return at::mm(h, weight.t()).to(at::kFloat);
+}
+
 ChunkStats chunk_stats(const at::Tensor& h, const at::Tensor& weight, const at::Tensor& lab) {
-  auto logits = at::mm(h, weight.t());
-  auto lf = logits.scalar_type() == at::kFloat ? logits : logits.to(at::kFloat);
+  auto lf = logits_fp32(h, weight);
   ChunkStats s;
   auto tgt = lf.gather(1, lab.unsqueeze(1)).squeeze(1);
   auto [mx, am] = lf.max(1);
@@ -92,8 +107,7 @@ struct FusedLinearCe : public torch::autograd::Function<FusedLinearCe> {
       for (int64_t c0 = 0; c0 < M; c0 += chunk) {
         const int64_t n = std::min(chunk, M - c0);
         auto lab = labels.narrow(0, c0, n);
-        auto logits = at::mm(hidden.narrow(0, c0, n), weight.t());
-        auto p = logits.scalar_type() == at::kFloat ? logits : logits.to(at::kFloat);
+        auto p = logits_fp32(hidden.narrow(0, c0, n), weight);
         p.sub_(lse.narrow(0, c0, n).unsqueeze(1)).exp_();
         grad_h.narrow(0, c0, n).copy_(grad_from_softmax(p, lab, gs.narrow(0, c0, n), weight));
       }

@@ -1,0 +1,271 @@
+// Drafter training-step benchmark (forward + backward, no optimizer) with Qwen3-8B drafter shapes:
+// H 4096, 32/8 heads, head_dim 128, intermediate 12288, 5 layers, vocab 151936, K = 5 target
+// layers, 512 anchors per sequence, block size 16. Prints one table row per case: time (forward,
+// backward, total), drafted positions/s, target tokens/s, model TFLOP/s, MFU against a bf16
+// matmul measured in the same run, and peak memory.
+//
+// FLOPs (notes/performance.md, no recomputation counted), P = drafted positions (B x N x 16):
+//   draft layers 6 x L x 192.94M x P; frozen lm_head 4 x 622.33M x P; context tokens
+//   B x S x (6 x L x 8.39M + 4 x 83.89M); attention 3 x L x 16384 x (visible query-key pairs).
+//
+//   drafter_bench [--seq 2048,3072] [--rows 1,2,4] [--anchors 512] [--iters 5] [--warmup 2]
+//                 [--full] (adds: unfused loss, dense mask, kernel attention where available)
+//                 [--smoke] (tiny shapes on the CPU: checks that the program runs)
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#ifdef DFLASH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+#include "attention/dflash_attention.h"
+#include "attention/reference.h"
+#include "comm/error.h"
+#include "trainer/model/anchors.h"
+#include "trainer/model/drafter.h"
+
+using namespace dflash;
+using namespace dflash::model;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+void sync(at::Device dev) {
+#ifdef DFLASH_CUDA
+  if (dev.is_cuda()) c10::cuda::device_synchronize();
+#endif
+  (void)dev;
+}
+
+double peak_gib(at::Device dev) {
+#ifdef DFLASH_CUDA
+  if (dev.is_cuda()) {
+    auto st = c10::cuda::CUDACachingAllocator::getDeviceStats(dev.index());
+    return static_cast<double>(st.allocated_bytes[0].peak) / (1024.0 * 1024.0 * 1024.0);
+  }
+#endif
+  (void)dev;
+  return 0;
+}
+
+void reset_peak(at::Device dev) {
+#ifdef DFLASH_CUDA
+  if (dev.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(dev.index());
+#endif
+  (void)dev;
+}
+
+void empty_cache(at::Device dev) {
+#ifdef DFLASH_CUDA
+  if (dev.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
+  (void)dev;
+}
+
+std::vector<int64_t> ints(const std::string& s) {
+  std::vector<int64_t> v;
+  size_t p = 0;
+  while (p < s.size()) {
+    size_t q = s.find(',', p);
+    if (q == std::string::npos) q = s.size();
+    v.push_back(std::stoll(s.substr(p, q - p)));
+    p = q + 1;
+  }
+  return v;
+}
+
+double matmul_tflops(at::Device dev, at::ScalarType dt) {
+  const int64_t n = dev.is_cuda() ? 8192 : 256;
+  auto a = at::randn({n, n}, at::TensorOptions().dtype(dt).device(dev));
+  auto b = at::randn({n, n}, at::TensorOptions().dtype(dt).device(dev));
+  for (int i = 0; i < 3; ++i) at::mm(a, b);
+  sync(dev);
+  const int reps = dev.is_cuda() ? 30 : 3;
+  auto t0 = Clock::now();
+  for (int i = 0; i < reps; ++i) at::mm(a, b);
+  sync(dev);
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  return 2.0 * n * n * n * reps / s / 1e12;
+}
+
+struct Case {
+  int64_t S, B;
+  bool fused;
+  int64_t group_queries;  // reference attention: queries per SDPA entry (0: dense mask)
+  attention::Backend backend;
+};
+
+std::string name_of(const Case& c) {
+  std::string att = c.backend == attention::Backend::Kernel
+                        ? "kernel"
+                        : (c.group_queries > 0 ? "sdpa-g" + std::to_string(c.group_queries) : "sdpa-dense");
+  return att + (c.fused ? " fused" : " plain");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int64_t> seqs = {2048, 3072}, rows = {1, 2, 4};
+  int64_t anchors = 512, iters = 5, warmup = 2;
+  bool full = false, smoke = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--seq") seqs = ints(next());
+    else if (a == "--rows") rows = ints(next());
+    else if (a == "--anchors") anchors = std::stoll(next());
+    else if (a == "--iters") iters = std::stoll(next());
+    else if (a == "--warmup") warmup = std::stoll(next());
+    else if (a == "--full") full = true;
+    else if (a == "--smoke") smoke = true;
+    else {
+      std::fprintf(stderr, "unknown argument %s\n", a.c_str());
+      return 2;
+    }
+  }
+#ifdef DFLASH_CUDA
+  const bool cuda = !smoke && c10::cuda::device_count() > 0;
+#else
+  const bool cuda = false;
+#endif
+  if (!cuda && !smoke) {
+    std::printf("drafter_bench: no CUDA device; run with --smoke for a CPU check\n");
+    return 0;
+  }
+  const at::Device dev = cuda ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+  const at::ScalarType dt = cuda ? at::kBFloat16 : at::kFloat;
+
+  DrafterSpec spec;
+  if (smoke) {
+    spec.hidden_size = 64, spec.intermediate_size = 96, spec.num_heads = 4, spec.num_kv_heads = 2, spec.head_dim = 16;
+    spec.vocab_size = 512, spec.num_layers = 2, spec.num_target_layers = 8, spec.target_layer_ids = {1, 3, 5};
+    spec.mask_token_id = 511;
+    seqs = {96}, rows = {1, 2}, anchors = 4, iters = 2, warmup = 1, full = true;
+  } else {
+    spec.hidden_size = 4096, spec.intermediate_size = 12288, spec.num_heads = 32, spec.num_kv_heads = 8;
+    spec.head_dim = 128, spec.vocab_size = 151936, spec.num_layers = 5, spec.num_target_layers = 36;
+    spec.target_layer_ids = {1, 9, 17, 25, 33}, spec.mask_token_id = 151669;
+  }
+  spec.block_size = 16;
+  const int64_t H = spec.hidden_size, V = spec.vocab_size, L = spec.num_layers, bs = spec.block_size;
+  const int64_t K = spec.num_features();
+
+  Drafter drafter(spec, dev, dt);
+  {
+    at::NoGradGuard ng;
+    for (auto& [n, t] : drafter.named_parameters()) {
+      auto w = t;
+      if (w.dim() == 1) w.fill_(1.0);
+      else w.normal_(0.0, 0.02);
+    }
+  }
+  auto topt = at::TensorOptions().dtype(dt).device(dev);
+  drafter.set_target_weights(at::randn({V, H}, topt), at::randn({V, H}, topt).mul_(0.02));
+  const double mm = matmul_tflops(dev, dt);
+
+  // Per-parameter FLOP constants (model FLOPs, as in notes/performance.md).
+  const double qd = spec.num_heads * spec.head_dim, kvd = spec.num_kv_heads * spec.head_dim;
+  const double layer_w = 2 * H * qd + 2 * H * kvd + 3.0 * H * spec.intermediate_size;  // q,o,k,v,mlp
+  const double kv_w = 2 * H * kvd, fc_w = static_cast<double>(K) * H * H, head_w = static_cast<double>(V) * H;
+  const double pair_flops = 4.0 * spec.head_dim * spec.num_heads;
+
+  std::printf("drafter_bench: %s, H %ld, heads %ld/%ld, I %ld, layers %ld, vocab %ld, K %ld, %ld anchors, bs %ld\n",
+              cuda ? "cuda bf16" : "cpu fp32 (smoke)", (long)H, (long)spec.num_heads, (long)spec.num_kv_heads,
+              (long)spec.intermediate_size, (long)L, (long)V, (long)K, (long)anchors, (long)bs);
+  std::printf("bf16 matmul %ldx%ldx%ld: %.1f TFLOP/s (MFU denominator)\n\n", (long)(cuda ? 8192 : 256),
+              (long)(cuda ? 8192 : 256), (long)(cuda ? 8192 : 256), mm);
+  std::printf("| S | B | attention / loss | fwd ms | bwd ms | total ms | draft pos/s | target tok/s | TFLOP/s | MFU | peak GiB |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::fflush(stdout);
+
+  std::vector<Case> cases;
+  for (auto S : seqs)
+    for (auto B : rows) cases.push_back({S, B, true, attention::detail::kDefaultGroupQueries, attention::Backend::Reference});
+  if (full) {
+    const int64_t S = seqs.back(), B = rows.back();
+    cases.push_back({S, B, true, 0, attention::Backend::Reference});
+    for (int64_t g : {512, 2048}) cases.push_back({S, B, true, g, attention::Backend::Reference});
+    for (auto b : rows) cases.push_back({S, b, false, attention::detail::kDefaultGroupQueries, attention::Backend::Reference});
+    if (attention::kernel_available() && cuda) cases.push_back({S, B, true, 0, attention::Backend::Kernel});
+  }
+
+  for (const auto& c : cases) {
+    setenv("DFLASH_SDPA_GROUP_QUERIES", std::to_string(c.group_queries).c_str(), 1);
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(1234 + c.S * 10 + c.B);
+    DrafterBatch batch;
+    batch.ids = at::randint(0, V - 1, {c.B, c.S}, gen, at::kLong);
+    batch.loss_mask = at::ones({c.B, c.S}, at::kLong);
+    batch.loss_mask.narrow(1, 0, c.S / 10).zero_();  // a prompt: 10% without loss
+    batch.features = at::randn({c.B, c.S, K * H}, topt);
+    StepOptions opt;
+    opt.attention = c.backend;
+    opt.num_anchors = anchors;
+    opt.loss_chunk = c.fused ? 2048 : 0;
+    AnchorOptions ao;
+    ao.block_size = bs;
+    ao.num_anchors = anchors;
+    double fwd = 0, bwd = 0, peak = 0;
+    double flops = 0, P = 0;
+    std::string err;
+    try {
+      empty_cache(dev);
+      reset_peak(dev);
+      for (int64_t it = 0; it < warmup + iters; ++it) {
+        batch.global_batch_index = it;
+        ao.batch_index = it;
+        auto blocks = sample_blocks(batch.loss_mask, {}, ao);
+        sync(dev);
+        auto t0 = Clock::now();
+        auto out = drafter.forward_blocks(batch, blocks, opt);
+        sync(dev);
+        auto t1 = Clock::now();
+        out.loss.backward();
+        sync(dev);
+        auto t2 = Clock::now();
+        for (auto& p : drafter.parameters()) p.mutable_grad().reset();
+        if (it >= warmup) {
+          fwd += std::chrono::duration<double>(t1 - t0).count();
+          bwd += std::chrono::duration<double>(t2 - t1).count();
+        }
+        if (it == 0) {  // FLOPs of this anchor set (the same count every step up to the anchors)
+          auto keep = blocks.keep.to(at::kDouble);
+          auto vis = ((blocks.anchor - blocks.doc_begin).to(at::kDouble) + bs) * bs * keep;
+          const double pairs = vis.sum().item<double>();
+          P = static_cast<double>(c.B * blocks.num_blocks() * bs);
+          flops = 6.0 * L * layer_w * P + 4.0 * head_w * P + c.B * c.S * (6.0 * L * kv_w + 4.0 * fc_w) +
+                  3.0 * L * pair_flops * pairs;
+        }
+      }
+      peak = peak_gib(dev);
+    } catch (const std::exception& e) {
+      err = e.what();
+      err = err.substr(0, std::min<size_t>(err.find('\n'), 120));
+      for (auto& p : drafter.parameters()) p.mutable_grad().reset();
+    }
+    if (!err.empty()) {
+      std::printf("| %ld | %ld | %s | failed: %s |\n", (long)c.S, (long)c.B, name_of(c).c_str(), err.c_str());
+      std::fflush(stdout);
+      continue;
+    }
+    fwd /= iters, bwd /= iters;
+    const double tot = fwd + bwd;
+    const double tf = flops / tot / 1e12;
+    std::printf("| %ld | %ld | %s | %.1f | %.1f | %.1f | %.0f | %.0f | %.1f | %.1f%% | %.1f |\n", (long)c.S, (long)c.B,
+                name_of(c).c_str(), fwd * 1e3, bwd * 1e3, tot * 1e3, P / tot, c.B * c.S / tot, tf, 100 * tf / mm, peak);
+    std::fflush(stdout);
+  }
+  return 0;
+}

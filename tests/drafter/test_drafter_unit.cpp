@@ -1,0 +1,226 @@
+// Unit tests of the drafter pieces that need no Python reference: the default target-layer rule
+// and γ table (DFLASH.md §1.1, §2.4), the spec's validation messages, the anchor sampler's
+// statistics, attention argument checks, and the chunked CE against the unfused one.
+#include <cstdlib>
+
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include "attention/dflash_attention.h"
+#include "comm/error.h"
+#include "trainer/config.h"
+#include "trainer/model/anchors.h"
+#include "trainer/checkpoint/files.h"
+#include "trainer/model/drafter.h"
+#include "trainer/model/export.h"
+#include "trainer/model/loss.h"
+
+using namespace dflash;
+using namespace dflash::model;
+
+namespace {
+
+template <class F>
+std::string user_error(F&& f) {
+  try {
+    f();
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TargetInfo qwen3_8b() {
+  TargetInfo t;
+  t.hidden_size = 4096, t.intermediate_size = 12288, t.num_layers = 36, t.num_heads = 32, t.num_kv_heads = 8;
+  t.head_dim = 128, t.vocab_size = 151936, t.bos_token_id = 151643, t.eos_token_id = 151645;
+  t.mask_token_id = 151669;
+  return t;
+}
+
+}  // namespace
+
+TEST(DrafterSpec, DefaultTargetLayerIds) {
+  EXPECT_EQ(default_target_layer_ids(36, 5), (std::vector<int64_t>{1, 9, 17, 25, 33}));
+  EXPECT_EQ(default_target_layer_ids(32, 5), (std::vector<int64_t>{1, 8, 15, 22, 29}));
+  EXPECT_EQ(default_target_layer_ids(64, 5), (std::vector<int64_t>{1, 16, 31, 46, 61}));
+  EXPECT_EQ(default_target_layer_ids(48, 5), (std::vector<int64_t>{1, 12, 23, 34, 45}));
+  EXPECT_EQ(default_target_layer_ids(36, 1), (std::vector<int64_t>{18}));
+}
+
+TEST(DrafterSpec, Gamma) {
+  EXPECT_EQ(resolve_gamma(16, 0), 7.0);
+  EXPECT_EQ(resolve_gamma(10, 0), 5.0);
+  EXPECT_EQ(resolve_gamma(8, 0), 4.0);
+  EXPECT_EQ(resolve_gamma(12, 3.5), 3.5);
+  EXPECT_NE(user_error([] { resolve_gamma(12, 0); }).find("drafter.gamma"), std::string::npos);
+  auto d = decay(16, 7.0);  // DFLASH.md §2.4 table: 1.000 0.867 0.751 ... 0.135
+  EXPECT_NEAR(d[1].item<float>(), 1.0, 1e-6);
+  EXPECT_NEAR(d[2].item<float>(), 0.867, 5e-4);
+  EXPECT_NEAR(d[15].item<float>(), 0.135, 5e-4);
+}
+
+TEST(DrafterSpec, MakeSpecForQwen3_8B) {
+  DrafterConfig cfg;
+  auto s = make_spec(qwen3_8b(), cfg, {}, 5);
+  EXPECT_EQ(s.target_layer_ids, (std::vector<int64_t>{1, 9, 17, 25, 33}));
+  EXPECT_EQ(s.mask_token_id, 151669);
+  EXPECT_EQ(s.num_target_layers, 36);
+  int64_t n = 0;
+  for (auto& [name, shape] : s.param_shapes()) {
+    int64_t e = 1;
+    for (auto x : shape) e *= x;
+    n += e;
+  }
+  EXPECT_EQ(n, 1048626432);  // DFLASH.md §1: 5 x 192,946,432 + 83,886,080 + 8,192
+}
+
+TEST(DrafterSpec, BadConfigsNameTheField) {
+  DrafterConfig cfg;
+  auto t = qwen3_8b();
+  EXPECT_NE(user_error([&] { make_spec(t, cfg, {1, 9, 36}, 3); }).find("target.layer_ids"), std::string::npos);
+  cfg.mask_token_id = 151936;
+  EXPECT_NE(user_error([&] { make_spec(t, cfg, {}, 5); }).find("drafter.mask_token_id"), std::string::npos);
+  cfg.mask_token_id = -1;
+  t.mask_token_id = -1;
+  EXPECT_NE(user_error([&] { make_spec(t, cfg, {}, 5); }).find("drafter.mask_token_id"), std::string::npos);
+  auto s = make_spec(qwen3_8b(), DrafterConfig{}, {}, 5);
+  auto t2 = qwen3_8b();
+  t2.hidden_size = 2560;
+  EXPECT_NE(user_error([&] { s.check_fits(t2, "x"); }).find("hidden_size"), std::string::npos);
+  s.num_kv_heads = 5;
+  EXPECT_NE(user_error([&] { s.validate("x"); }).find("num_key_value_heads"), std::string::npos);
+}
+
+TEST(Anchors, SamplingIsUniformOverValidPositions) {
+  // One document, valid positions 10..49 (m = 1 on 10..50); 4 anchors per draw, 4000 draws:
+  // each position is drawn with probability 4/40 = 0.1; expected count 400, sd ~19.
+  auto m = at::zeros({1, 64}, at::kLong);
+  m.narrow(1, 10, 41).fill_(1);
+  std::vector<int64_t> hits(64, 0);
+  AnchorOptions o;
+  o.num_anchors = 4;
+  for (int64_t k = 0; k < 4000; ++k) {
+    o.batch_index = k;
+    auto b = sample_blocks(m, {}, o);
+    ASSERT_EQ(b.num_blocks(), 4);
+    for (int64_t j = 0; j < 4; ++j) {
+      ++hits[b.anchor[0][j].item<int64_t>()];
+      if (j) {
+        ASSERT_LT(b.anchor[0][j - 1].item<int64_t>(), b.anchor[0][j].item<int64_t>());
+      }
+    }
+  }
+  for (int64_t p = 0; p < 64; ++p) {
+    if (p < 10 || p > 49) EXPECT_EQ(hits[p], 0) << p;
+    else EXPECT_NEAR(hits[p], 400, 100) << p;  // > 5 sd
+  }
+}
+
+TEST(Anchors, BlockInputsFollowTheRules) {
+  auto ids = at::arange(100, 130, at::kLong).view({1, 30});
+  auto m = at::ones({1, 30}, at::kLong);
+  m[0][5] = 0;
+  std::vector<DocBounds> docs = {{0, 12, 30}};
+  auto blocks = blocks_from_anchors(at::tensor({3, 13, 0}, at::kLong).view({1, 3}),
+                                    at::tensor({1, 1, 0}, at::kLong).to(at::kBool).view({1, 3}), docs, 30, 4);
+  auto in = build_block_inputs(ids, m, docs, blocks, 7);
+  // block 0 (anchor 3, doc [0,12)): ids [103, 7, 7, 7], labels at 4,5,6 with m[5] = 0
+  EXPECT_TRUE(at::equal(in.input_ids[0].narrow(0, 0, 4), at::tensor({103, 7, 7, 7}, at::kLong)));
+  EXPECT_TRUE(at::equal(in.weight[0].narrow(0, 0, 4), at::tensor({0.f, 1.f, 0.f, 1.f})));
+  EXPECT_TRUE(at::equal(in.labels[0].narrow(0, 0, 4), at::tensor({0, 104, 0, 106}, at::kLong)));
+  // block 1 (anchor 13, doc [12,30)): positions restart: 1..4
+  EXPECT_TRUE(at::equal(in.positions[0].narrow(0, 4, 4), at::tensor({1, 2, 3, 4}, at::kLong)));
+  EXPECT_EQ(blocks.doc_begin[0][1].item<int64_t>(), 12);
+  // dropped block: all MASK, no weight
+  EXPECT_TRUE(at::equal(in.input_ids[0].narrow(0, 8, 4), at::full({4}, 7, at::kLong)));
+  EXPECT_EQ(in.weight[0].narrow(0, 8, 4).sum().item<float>(), 0.f);
+  EXPECT_EQ(in.ctx_positions[0][12].item<int64_t>(), 0);
+  EXPECT_EQ(in.ctx_positions[0][29].item<int64_t>(), 17);
+  EXPECT_NE(user_error([&] { blocks_from_anchors(at::tensor({30}, at::kLong).view({1, 1}),
+                                                 at::tensor({1}, at::kLong).to(at::kBool).view({1, 1}), docs, 30, 4); })
+                .find("anchor 30"),
+            std::string::npos);
+  EXPECT_NE(user_error([&] { normalize_docs({{0, 20, 15}}, 1, 30); }).find("strictly increasing"), std::string::npos);
+}
+
+TEST(Loss, FusedChunksEqualUnfused) {
+  auto g = at::make_generator<at::CPUGeneratorImpl>(3);
+  auto h = at::randn({37, 16}, g, at::kFloat);
+  auto w = at::randn({50, 16}, g, at::kFloat);
+  auto lab = at::randint(0, 50, {37}, g, at::kLong);
+  auto coef = at::rand({37}, g, at::kFloat);
+  auto h1 = h.clone().requires_grad_(true), h2 = h.clone().requires_grad_(true), h3 = h.clone().requires_grad_(true);
+  auto a = plain_linear_ce(h1, w, lab, coef);
+  auto b = fused_linear_ce(h2, w, lab, coef, 5, CeMode::GradInForward);
+  auto c = fused_linear_ce(h3, w, lab, coef, 8, CeMode::Recompute);
+  a.loss.backward();
+  b.loss.backward();
+  (c.loss * 2).backward();  // the incoming gradient scales the result
+  EXPECT_NEAR(a.loss.item<float>(), b.loss.item<float>(), 1e-5 * std::abs(a.loss.item<float>()));
+  EXPECT_NEAR(a.loss.item<float>(), c.loss.item<float>(), 1e-5 * std::abs(a.loss.item<float>()));
+  // fp32, different summation orders: relative differences ~1e-7 of the gradient's scale
+  const double scale = h1.grad().abs().max().item<double>();
+  EXPECT_LT((h1.grad() - h2.grad()).abs().max().item<double>(), 1e-5 * scale);
+  EXPECT_LT((h1.grad() * 2 - h3.grad()).abs().max().item<double>(), 1e-5 * scale);
+  EXPECT_TRUE(at::equal(a.correct, b.correct));
+}
+
+TEST(Attention, ArgumentErrorsNameTheField) {
+  attention::MaskSpec ms;
+  ms.ctx_begin = at::zeros({1, 2}, at::kLong);
+  ms.ctx_end = at::tensor({3, 9}, at::kLong).view({1, 2});
+  ms.keep = at::ones({1, 2}, at::kBool);
+  ms.ctx_len = 8;
+  ms.block_size = 4;
+  EXPECT_NE(user_error([&] { attention::prepare(ms, attention::Backend::Reference, at::kFloat, at::kCPU); })
+                .find("ctx_end"),
+            std::string::npos);
+  ms.ctx_end = at::tensor({3, 8}, at::kLong).view({1, 2});
+  auto p = attention::prepare(ms, attention::Backend::Reference, at::kFloat, at::kCPU);
+  auto q = at::randn({1, 2, 8, 4}), k = at::randn({1, 1, 15, 4});
+  EXPECT_NE(user_error([&] { attention::attend(q, k, k, p); }).find("kv_len=16"), std::string::npos);
+  if (!attention::kernel_available()) {
+    EXPECT_NE(user_error([&] { attention::prepare(ms, attention::Backend::Kernel, at::kBFloat16, at::kCPU); })
+                  .find("drafter.attention=sdpa"),
+              std::string::npos);
+  }
+}
+
+TEST(Export, MakeDrafterFromInitFromChecksTheConfig) {
+  TargetInfo t;
+  t.hidden_size = 32, t.intermediate_size = 48, t.num_layers = 8, t.num_heads = 4, t.num_kv_heads = 2;
+  t.head_dim = 8, t.vocab_size = 64, t.mask_token_id = 63;
+  DrafterConfig cfg;
+  cfg.num_layers = 2;
+  auto d = make_drafter(t, cfg, {1, 3, 5}, 3, 11, at::kCPU, at::kBFloat16);
+  char tmpl[] = "/tmp/dflash_export_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = std::string(tmpl) + "/drafter";
+  export_drafter(d, dir);
+  cfg.init_from = dir;
+  auto back = make_drafter(t, cfg, {}, 3, 0, at::kCPU, at::kBFloat16);
+  for (auto& [n, p] : d.named_parameters()) EXPECT_TRUE(at::equal(p, back.param(n))) << n;  // bf16: exact
+  cfg.block_size = 10;
+  EXPECT_NE(user_error([&] { make_drafter(t, cfg, {}, 3, 0, at::kCPU, at::kFloat); }).find("drafter.block_size"),
+            std::string::npos);
+  cfg.block_size = 16;
+  EXPECT_NE(user_error([&] { make_drafter(t, cfg, {1, 2, 5}, 3, 0, at::kCPU, at::kFloat); }).find("target.layer_ids"),
+            std::string::npos);
+  files::remove_tree(tmpl);
+}
+
+TEST(Drafter, InitIsDeterministicFromTheSeed) {
+  DrafterSpec s;
+  s.hidden_size = 32, s.intermediate_size = 48, s.num_layers = 1, s.num_heads = 4, s.num_kv_heads = 2;
+  s.head_dim = 8, s.vocab_size = 64, s.num_target_layers = 8, s.target_layer_ids = {1, 3}, s.mask_token_id = 63;
+  Drafter a(s, at::kCPU, at::kFloat), b(s, at::kCPU, at::kFloat), c(s, at::kCPU, at::kFloat);
+  a.init_random(5), b.init_random(5), c.init_random(6);
+  EXPECT_TRUE(at::equal(a.param("fc.weight"), b.param("fc.weight")));
+  EXPECT_FALSE(at::equal(a.param("fc.weight"), c.param("fc.weight")));
+  EXPECT_NEAR(a.param("layers.0.mlp.up_proj.weight").std().item<double>(), 0.02, 0.002);
+  EXPECT_TRUE(at::equal(a.param("norm.weight"), at::ones({32})));
+  EXPECT_TRUE(a.param("fc.weight").requires_grad());
+}
