@@ -21,10 +21,15 @@ SUMMARY=$OUT/comm_summary.txt
 fails=0
 note() { echo "$*" | tee -a "$SUMMARY"; }
 
-ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+# GPUs this process may use: CUDA_VISIBLE_DEVICES when set (nvidia-smi ignores it), else all
+if [ -n "${CUDA_VISIBLE_DEVICES+x}" ]; then
+  ngpu=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .)
+else
+  ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+fi
 note "comm.sh: $(date -u +%FT%TZ) host $(hostname) GPUs $ngpu; NCCL_NVLS_ENABLE=$NCCL_NVLS_ENABLE"
 if [ "${ngpu:-0}" -lt 2 ]; then
-  note "SKIP everything: NCCL needs 2 GPUs for 2 ranks (it refuses two ranks on one GPU)"
+  note "SKIP everything: NCCL needs 2 visible GPUs for 2 ranks (it refuses two ranks on one GPU); run comm.sh as its own step of run_all.sh, not in a GPU pair"
   exit 0
 fi
 
