@@ -5,6 +5,8 @@
 //       Random bf16 weights (CUDA; float32 on CPU), capture of layer ids [1, 9, 17, 25, 33]
 //       (the default DFlash ids for 36 layers; tiny: [0, 1]) over B packed documents of S tokens.
 //       Prints tokens/s, TFLOP/s and MFU against a bf16 8192^3 matmul measured in the same run.
+//   target_bench attention [--shapes ...]
+//       Packed causal attention alone: the flash backend vs cuDNN's varlen attention.
 //   target_bench write-checkpoint DIR [--shards 5] [--config ...]
 //       Writes a random model as a Hugging Face checkpoint (config.json, shards, index).
 //   target_bench load DIR [--cache cold,warm] [--json FILE]
@@ -248,29 +250,6 @@ void breakdown(const TargetModel& m, int64_t B, int64_t S, int iters, double pea
   }
   std::printf("%-26s %9.3f   (matmul ceiling %.0f TFLOP/s)\n", "sum (rms_norm twice)", total * 1e3,
               peak / 1e12);
-
-  // Candidate: cuDNN's varlen attention (not used by the model yet); its time and its max-norm
-  // distance to the flash result, to decide whether to switch.
-  if (dev.is_cuda()) {
-    const double aflops = 4.0 * nq * hd * double(S + 1) / 2 * T;
-    at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
-    try {
-      auto run = [&] {
-        return std::get<0>(at::_cudnn_attention_forward(qc, kc, vc, {}, cu_dev, cu_dev, S, S, false,
-                                                        0.0, true, false, scale));
-      };
-      at::Tensor o = run();
-      at::Tensor ref = attn.to(at::kFloat);
-      double err = (o.to(at::kFloat) - ref).abs().max().item<double>() / ref.abs().max().item<double>();
-      double s_cudnn = time_median(dev, iters, run);
-      std::printf("%-26s %9.3f %9.1f   (max-norm rel diff to flash %.2e, output %s)\n",
-                  "cudnn varlen attention", s_cudnn * 1e3, aflops / s_cudnn / 1e12, err,
-                  fmt::format("[{}]", fmt::join(o.sizes(), ", ")).c_str());
-    } catch (const std::exception& e) {
-      std::string msg = e.what();
-      std::printf("cudnn varlen attention: unavailable: %s\n", msg.substr(0, 200).c_str());
-    }
-  }
 }
 
 int forward(const Args& a) {
@@ -333,6 +312,60 @@ int forward(const Args& a) {
   write_json(a.json, fmt::format("{{\"matmul_tflops\":{:.2f},\"rows\":[{}]}}", peak / 1e12, rows));
   std::fflush(stdout);
   if (!a.shapes.empty()) breakdown(m, a.shapes[0].first, a.shapes[0].second, a.iters, peak);
+  return 0;
+}
+
+// The packed causal attention of one Qwen3-8B layer at B x S: the flash backend (the model's
+// default) against cuDNN's varlen attention (the DFLASH_TARGET_ATTENTION=cudnn candidate): time
+// and max-norm distance. Kept apart from `forward` since it is an experiment.
+int attention(const Args& a) {
+  c10::InferenceMode guard;
+  at::Device dev = bench_device();
+  if (!dev.is_cuda()) {
+    std::printf("target_bench attention: needs CUDA\n");
+    return 0;
+  }
+  const int64_t nq = 32, nkv = 8, hd = 128;
+  const double scale = 1.0 / std::sqrt(double(hd));
+  std::printf("target_bench attention: packed causal, %ld q / %ld kv heads, head_dim %ld, bf16\n",
+              long(nq), long(nkv), long(hd));
+  std::printf("%-10s %-8s %9s %9s %s\n", "shape", "backend", "ms", "TFLOP/s", "max-norm diff to flash");
+  for (auto [B, S] : a.shapes) {
+    const int64_t T = B * S;
+    auto opt = at::TensorOptions().dtype(at::kBFloat16).device(dev);
+    at::Tensor q = at::randn({T, nq, hd}, opt), k = at::randn({T, nkv, hd}, opt),
+               v = at::randn({T, nkv, hd}, opt);
+    std::vector<int64_t> cu;
+    for (int64_t i = 0; i <= B; ++i) cu.push_back(i * S);
+    at::Tensor cu_dev = at::tensor(cu, at::kLong).to(at::kInt).to(dev);
+    const double flops = 4.0 * nq * hd * double(S + 1) / 2 * T;
+    auto flash = [&] {
+      return std::get<0>(at::_flash_attention_forward(q, k, v, cu_dev, cu_dev, S, S, 0.0, true,
+                                                      false, scale));
+    };
+    at::Tensor ref = flash().to(at::kFloat);
+    double s_flash = time_median(dev, a.iters, flash);
+    std::string shape = fmt::format("{}x{}", B, S);
+    std::printf("%-10s %-8s %9.3f %9.1f\n", shape.c_str(), "flash", s_flash * 1e3,
+                flops / s_flash / 1e12);
+    try {
+      auto cudnn = [&] {
+        return std::get<0>(at::_cudnn_attention_forward(q, k, v, {}, cu_dev, cu_dev, S, S, false,
+                                                        0.0, true, false, scale));
+      };
+      at::Tensor o = cudnn().to(at::kFloat);
+      double err = o.sizes() == ref.sizes()
+                       ? (o - ref).abs().max().item<double>() / ref.abs().max().item<double>()
+                       : -1.0;
+      double s_cudnn = time_median(dev, a.iters, cudnn);
+      std::printf("%-10s %-8s %9.3f %9.1f %.2e%s\n", shape.c_str(), "cudnn", s_cudnn * 1e3,
+                  flops / s_cudnn / 1e12, err, err < 0 ? " (output shape differs)" : "");
+    } catch (const std::exception& e) {
+      std::string msg = e.what();
+      std::printf("%-10s %-8s unavailable: %s\n", shape.c_str(), "cudnn",
+                  msg.substr(0, 160).c_str());
+    }
+  }
   return 0;
 }
 
@@ -467,6 +500,7 @@ int main(int argc, char** argv) {
     if (a.cmd == "forward") return forward(a);
     if (a.cmd == "write-checkpoint") return write_checkpoint(a);
     if (a.cmd == "load") return load(a);
+    if (a.cmd == "attention") return attention(a);
     throw_user("unknown command '{}' (forward, write-checkpoint, load)", a.cmd);
   } catch (const dflash::UserError& e) {
     std::fprintf(stderr, "target_bench: error: %s\n", e.what());

@@ -25,6 +25,10 @@ step "dflash capture forward (8x2048, 4x4096) + per-op breakdown" 35
 [ $T -gt 0 ] && { timeout $T "$BUILD/bench/target_bench" forward --iters 5 --json "$OUT/dflash_forward.json" \
   > "$OUT/dflash_forward.txt" 2>&1 || rc=1; tail -25 "$OUT/dflash_forward.txt"; }
 
+step "attention backends (flash vs cuDNN candidate; an experiment, never fails the script)" 15
+[ $T -gt 0 ] && { timeout $T "$BUILD/bench/target_bench" attention --shapes 8x2048 --iters 5 \
+  > "$OUT/attention.txt" 2>&1; cat "$OUT/attention.txt"; }
+
 step "write a Qwen3-8B-sized checkpoint (random bf16, 5 shards)" 40
 rm -rf "$CKPT"
 [ $T -gt 0 ] && { timeout $T "$BUILD/bench/target_bench" write-checkpoint "$CKPT" --shards 5 2>&1 | tee "$OUT/write.txt"; }
@@ -46,6 +50,8 @@ echo "--- tables (at $(( $(date +%s) - t0 )) s)"
 echo "== GPU correctness (fro = ||a-b||/||b||, maxn = max|a-b|/max|b|, per captured layer)"
 grep -E "^ *(layer|[0-9]+ )" "$OUT/gpu_test.txt" | head -8
 grep -E "passed|failed|rror" "$OUT/gpu_test.txt" | tail -3
+echo "== attention backends"
+tail -2 "$OUT/attention.txt" 2>/dev/null
 echo "== load (Qwen3-8B-sized, 5 shards)"
 tail -2 "$OUT/load.txt" 2>/dev/null
 echo "== capture forward (Qwen3-8B shapes, ids 1,9,17,25,33 -> 34 layers run)"
