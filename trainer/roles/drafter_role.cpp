@@ -62,6 +62,43 @@ std::vector<int64_t> to_vector(const at::Tensor& t) {
   return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
 }
 
+// The batch as the target sent it: one row holding every document (the kernel path skips what a
+// block cannot see, so packing costs nothing there).
+model::DrafterBatch one_packed_row(const at::Tensor& ids, const at::Tensor& mask, std::vector<int64_t> cu,
+                                   const at::Tensor& features) {
+  model::DrafterBatch db;
+  db.ids = ids.reshape({1, -1});
+  db.loss_mask = mask.reshape({1, -1});
+  db.features = features.unsqueeze(0);
+  db.docs = {std::move(cu)};
+  return db;
+}
+
+// One row per document, right-padded to the longest (ids, mask and features 0). The reference
+// path builds a dense mask per row: (sum of per-document queries) x (longest document + own
+// row's blocks) instead of all queries x (all tokens + all blocks) for one packed row, i.e.
+// about D times less attention work and mask memory for D documents. The anchors are the same
+// either way (anchors.h counts documents over rows), so the loss is too.
+model::DrafterBatch one_row_per_document(const at::Tensor& ids, const at::Tensor& mask,
+                                         const std::vector<int64_t>& cu, const at::Tensor& features) {
+  const int64_t D = static_cast<int64_t>(cu.size()) - 1;
+  if (D <= 1) return one_packed_row(ids, mask, cu, features);
+  int64_t longest = 0;
+  for (int64_t d = 0; d < D; ++d) longest = std::max(longest, cu[d + 1] - cu[d]);
+  model::DrafterBatch db;
+  db.ids = at::zeros({D, longest}, ids.options());
+  db.loss_mask = at::zeros({D, longest}, mask.options());
+  db.features = at::zeros({D, longest, features.size(-1)}, features.options());
+  for (int64_t d = 0; d < D; ++d) {
+    const int64_t len = cu[d + 1] - cu[d];
+    db.ids[d].narrow(0, 0, len).copy_(ids.narrow(0, cu[d], len));
+    db.loss_mask[d].narrow(0, 0, len).copy_(mask.narrow(0, cu[d], len));
+    db.features[d].narrow(0, 0, len).copy_(features.narrow(0, cu[d], len));
+    db.docs.push_back({0, len});
+  }
+  return db;
+}
+
 }  // namespace
 
 struct DrafterTrainer::Impl {
@@ -134,11 +171,9 @@ void DrafterTrainer::train_batch(int64_t k, const at::Tensor& ids, const at::Ten
                                  double wait_s) {
   Impl& m = *impl_;
   const double t0 = now_s();
-  model::DrafterBatch db;
-  db.ids = ids.reshape({1, -1});
-  db.loss_mask = loss_mask.reshape({1, -1});
-  db.features = features.unsqueeze(0);
-  db.docs = {to_vector(cu_seqlens)};
+  model::DrafterBatch db = m.sopt.attention == attention::Backend::Reference
+                               ? one_row_per_document(ids, loss_mask, to_vector(cu_seqlens), features)
+                               : one_packed_row(ids, loss_mask, to_vector(cu_seqlens), features);
   db.global_batch_index = k;
   model::StepOutput out = m.drafter->forward(db, m.sopt);
   if (!std::isfinite(out.loss_value))
