@@ -83,6 +83,10 @@ void launch_build_meta(const MetaParams& p, void* stream);
 KernelMeta meta_view(const int32_t* meta, int B, int q_len, int kv_len);
 void launch_attn_fwd(const AttnParams& p, void* stream);
 void launch_attn_bwd(const AttnParams& p, void* stream);  // delta, then dQ, then dK/dV
+// One stage of the backward (0: delta, 1: dQ, 2: dK/dV), for benchmarks. Tile variants can be
+// chosen with DFLASH_ATTN_FWD_VARIANT / DFLASH_ATTN_DQ_VARIANT / DFLASH_ATTN_DKV_VARIANT
+// (benchmarks only; the defaults are the measured best, see attention/kernel/NOTES.md).
+void launch_attn_bwd_stage(const AttnParams& p, int stage, void* stream);
 
 }  // namespace dflash::attention
 

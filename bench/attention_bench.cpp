@@ -6,12 +6,15 @@
 // forward+backward medians (CUDA events) and useful TFLOP/s: forward 4*d*Hq per visible
 // (query, key) pair, backward 2.5x that (FlashAttention's convention).
 //
-// Usage: attention_bench [--out DIR] [--iters N] [--only train|long] [--no-sdpa]
+// Usage: attention_bench [--out DIR] [--iters N] [--only train|long] [--no-sdpa] [--variants]
+//   --variants also times each tile variant of each kernel stage (raw launches)
 //   --out DIR writes DIR/spec_<shape>.txt (the masks, read by bench/attention_bench_flex.py)
 //   and DIR/kernel_results.tsv.
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -106,6 +109,58 @@ at::Tensor additive_mask(const MaskSpec& m, int64_t kv_pad, at::Device dev) {
       .unsqueeze(1);
 }
 
+// Per-stage times of the raw launches for each tile variant (env DFLASH_ATTN_*_VARIANT).
+void time_variants(const Shape& s, const Prepared& prep, const at::Tensor& q, const at::Tensor& k,
+                   const at::Tensor& v, const at::Tensor& dout, double fwd_flop, int iters) {
+  auto [o, lse] = kernel_forward(q, k, v, prep);
+  auto dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
+  auto delta = at::empty_like(lse);
+  AttnParams p;
+  p.B = q.size(0); p.Hq = q.size(1); p.Hkv = k.size(1); p.q_len = q.size(2); p.kv_len = k.size(2);
+  p.d = q.size(3);
+  p.scale = 1.0f / std::sqrt((float)p.d);
+  p.meta = meta_view(prep.kernel_meta.data_ptr<int32_t>(), p.B, p.q_len, p.kv_len);
+  auto st = [](const at::Tensor& t, int64_t& a, int64_t& b, int64_t& c) {
+    a = t.stride(0); b = t.stride(1); c = t.stride(2);
+  };
+  p.q = q.data_ptr(); st(q, p.q_sb, p.q_sh, p.q_sr);
+  p.k = k.data_ptr(); st(k, p.k_sb, p.k_sh, p.k_sr);
+  p.v = v.data_ptr(); st(v, p.v_sb, p.v_sh, p.v_sr);
+  p.o = o.data_ptr(); st(o, p.o_sb, p.o_sh, p.o_sr);
+  p.dout = dout.data_ptr(); st(dout, p.do_sb, p.do_sh, p.do_sr);
+  p.dq = dq.data_ptr(); st(dq, p.dq_sb, p.dq_sh, p.dq_sr);
+  p.dk = dk.data_ptr(); st(dk, p.dk_sb, p.dk_sh, p.dk_sr);
+  p.dv = dv.data_ptr(); st(dv, p.dv_sb, p.dv_sh, p.dv_sr);
+  p.lse = lse.data_ptr<float>();
+  p.delta = delta.data_ptr<float>();
+  void* stream = nullptr;  // legacy default stream, same as the events
+  const double unit = fwd_flop / 2;  // FLOP of one (q,k) matmul pass over the visible pairs
+  for (const char* var : {"1", "2", "3", "4"}) {
+    setenv("DFLASH_ATTN_FWD_VARIANT", var, 1);
+    const double ms = median_ms([&] { launch_attn_fwd(p, stream); }, iters);
+    std::printf("[%s] fwd variant %s: %.2f ms, %.0f TFLOP/s (2 matmuls)\n", s.name.c_str(), var, ms,
+                2 * unit / ms * 1e-9);
+  }
+  unsetenv("DFLASH_ATTN_FWD_VARIANT");
+  const double dl = median_ms([&] { launch_attn_bwd_stage(p, 0, stream); }, iters);
+  std::printf("[%s] bwd delta: %.3f ms\n", s.name.c_str(), dl);
+  for (const char* var : {"1", "2", "3", "4"}) {
+    setenv("DFLASH_ATTN_DQ_VARIANT", var, 1);
+    const double ms = median_ms([&] { launch_attn_bwd_stage(p, 1, stream); }, iters);
+    std::printf("[%s] bwd dQ variant %s: %.2f ms, %.0f TFLOP/s raw (3 matmuls)\n", s.name.c_str(), var,
+                ms, 3 * unit / ms * 1e-9);
+  }
+  unsetenv("DFLASH_ATTN_DQ_VARIANT");
+  for (const char* var : {"1", "2", "3"}) {
+    setenv("DFLASH_ATTN_DKV_VARIANT", var, 1);
+    const double ms = median_ms([&] { launch_attn_bwd_stage(p, 2, stream); }, iters);
+    std::printf("[%s] bwd dK/dV variant %s: %.2f ms, %.0f TFLOP/s raw (4 matmuls)\n", s.name.c_str(),
+                var, ms, 4 * unit / ms * 1e-9);
+  }
+  unsetenv("DFLASH_ATTN_DKV_VARIANT");
+  std::fflush(stdout);
+}
+
 struct Row {
   std::string shape, impl;
   double fwd_ms, fb_ms, fwd_tf, fb_tf;
@@ -128,14 +183,15 @@ void write_spec(const std::string& path, const Shape& s, const MaskSpec& m) {
 int main(int argc, char** argv) {
   std::string out_dir, only;
   int iters = 10;
-  bool run_sdpa = true;
+  bool run_sdpa = true, variants = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--out") && i + 1 < argc) out_dir = argv[++i];
     else if (!std::strcmp(argv[i], "--iters") && i + 1 < argc) iters = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
     else if (!std::strcmp(argv[i], "--no-sdpa")) run_sdpa = false;
+    else if (!std::strcmp(argv[i], "--variants")) variants = true;
     else {
-      std::fprintf(stderr, "usage: %s [--out DIR] [--iters N] [--only train|long] [--no-sdpa]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--out DIR] [--iters N] [--only train|long] [--no-sdpa] [--variants]\n", argv[0]);
       return 2;
     }
   }
@@ -178,6 +234,7 @@ int main(int argc, char** argv) {
     std::printf("[%s] useful pairs %.4g, fwd %.3f TFLOP, fwd+bwd %.3f TFLOP; metadata build %.3f ms\n",
                 s.name.c_str(), pairs, fwd_flop * 1e-12, fb_flop * 1e-12, meta_ms);
     std::fflush(stdout);
+    if (variants) time_variants(s, prep, q, k, v, dout, fwd_flop, iters);
 
     if (run_sdpa) {
       const int64_t kv_pad = (kl + 127) / 128 * 128;

@@ -199,7 +199,10 @@ Identity detect() {
   }
 #ifdef DFLASH_CUDA
   int devices = static_cast<int>(c10::cuda::device_count());
-  if (devices > 0) id.gpu = id.local_rank % devices;
+  if (devices > 0) {
+    id.gpu = id.local_rank % devices;
+    c10::cuda::set_device(static_cast<c10::DeviceIndex>(id.gpu));  // the default device of this rank
+  }
 #endif
   return id;
 }

@@ -4,10 +4,17 @@
 //   store (after a rendezvous that names missing ranks). Communicators are nonblocking
 //   (config.blocking = 0): init, split and every group end are polled with
 //   ncclCommGetAsyncError against the deadline.
-// - Streams: every operation runs on this communicator's own stream. It first waits (event)
-//   for the caller's current stream, so inputs produced there are ready; results are ready on
-//   the caller's current stream when wait()/all_reduce() return. Tensors handed to NCCL are
-//   recordStream()ed onto our stream, so the caching allocator never reuses them too early.
+// - Streams: point-to-point operations run on this communicator's p2p stream, collectives on
+//   its collective stream, with their own NCCL communicators (ncclCommSplit; the world's
+//   barrier too), so a collective is never queued behind a receive that waits for a peer which
+//   itself waits for that collective. Each operation first waits (event) for the caller's
+//   current stream, so inputs produced there are ready; results are ready on the caller's
+//   current stream when wait()/all_reduce() return. Tensors handed to NCCL are recordStream()ed
+//   onto our streams, so the caching allocator never reuses them too early.
+// - Pattern rule (NCCL, unlike MPI): one stream per direction class means a rank should not
+//   post receives behind its own unmatched sends to the same peer when that peer does the same
+//   (both sides sending first deadlocks once messages exceed NCCL's buffers). The pipeline's
+//   one-way target -> drafter stream, and ping-pong, are safe.
 // - Messages: a header (kHeaderBytes) in one group, the tensors (bytes) in a second group.
 //   A receiver learns the shapes from the header, so it posts the data receive after the
 //   header has arrived; with several irecv from one peer outstanding, each header receive is
@@ -130,10 +137,12 @@ class NcclCommunicator : public Communicator {
   void post_data(RecvState& st);
   void reap_sends();
   c10::cuda::CUDAStream caller_stream() const { return c10::cuda::getCurrentCUDAStream(gpu_); }
-  void stream_wait_caller();
+  void stream_wait_caller(const c10::cuda::CUDAStream& s);
 
   int gpu_;
-  c10::cuda::CUDAStream stream_;
+  c10::cuda::CUDAStream stream_;       // point to point
+  c10::cuda::CUDAStream coll_stream_;  // collectives
+  std::shared_ptr<Group> world_group_;  // a split of the world for barrier()
   ncclComm_t world_comm_ = nullptr;
   std::vector<ncclComm_t> comms_;  // world + groups, for abort
   std::mutex comms_mu_;
@@ -190,7 +199,8 @@ ncclConfig_t nonblocking_config() {
 NcclCommunicator::NcclCommunicator(const Identity& id, double startup_timeout_s)
     : Communicator(id.rank, id.world_size, startup_timeout_s),
       gpu_(id.gpu),
-      stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, static_cast<c10::DeviceIndex>(id.gpu))) {
+      stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, static_cast<c10::DeviceIndex>(id.gpu))),
+      coll_stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, static_cast<c10::DeviceIndex>(id.gpu))) {
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(gpu_));
   abort_id_ = register_abort([this](const std::string& r) { abort(r); });
   ncclUniqueId uid;
@@ -218,6 +228,9 @@ NcclCommunicator::NcclCommunicator(const Identity& id, double startup_timeout_s)
     comms_.push_back(world_comm_);
   }
   wait_ready(world_comm_, b);
+  std::vector<int> all;
+  for (int r = 0; r < world_; ++r) all.push_back(r);
+  world_group_ = new_group(all);
 }
 
 NcclCommunicator::~NcclCommunicator() {
@@ -226,9 +239,11 @@ NcclCommunicator::~NcclCommunicator() {
     // finish what is in flight (bounded), then free the communicators
     try {
       BlockedOn b("shutdown", kNoPeer, kNoBatch, timeout_s_);
-      Event e;
+      Event e, f;
       DFLASH_CHECK_CUDA(cudaEventRecord(e.ev, stream_.stream()));
+      DFLASH_CHECK_CUDA(cudaEventRecord(f.ev, coll_stream_.stream()));
       wait_event(e.ev, b);
+      wait_event(f.ev, b);
     } catch (const std::exception& e) {
       log::warn("NCCL shutdown: {}", e.what());
     }
@@ -309,10 +324,10 @@ void NcclCommunicator::wait_event(cudaEvent_t ev, const BlockedOn& b) {
   }
 }
 
-void NcclCommunicator::stream_wait_caller() {
+void NcclCommunicator::stream_wait_caller(const c10::cuda::CUDAStream& s) {
   Event e;
   DFLASH_CHECK_CUDA(cudaEventRecord(e.ev, caller_stream().stream()));
-  DFLASH_CHECK_CUDA(cudaStreamWaitEvent(stream_.stream(), e.ev, 0));
+  DFLASH_CHECK_CUDA(cudaStreamWaitEvent(s.stream(), e.ev, 0));
 }
 
 void NcclCommunicator::reap_sends() {
@@ -333,7 +348,7 @@ HandlePtr NcclCommunicator::do_isend(int peer, const Message& msg) {
   st->header_host = at::empty({static_cast<int64_t>(kHeaderBytes)}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
   encode_header(header_of(m), st->header_host.data_ptr<uint8_t>());
   st->header_dev = at::empty({static_cast<int64_t>(kHeaderBytes)}, at::TensorOptions().dtype(at::kByte).device(device()));
-  stream_wait_caller();
+  stream_wait_caller(stream_);
   DFLASH_CHECK_CUDA(cudaMemcpyAsync(st->header_dev.data_ptr(), st->header_host.data_ptr(), kHeaderBytes,
                                     cudaMemcpyHostToDevice, stream_.stream()));
   DFLASH_CHECK_NCCL(ncclGroupStart(), world_comm_);
@@ -396,7 +411,7 @@ void NcclCommunicator::post_data(RecvState& st) {
   st.msg.batch = h.batch;
   for (const TensorSpec& s : h.specs)  // allocated on the caller's stream, where they are used
     st.msg.tensors.push_back(at::empty(s.shape, at::TensorOptions().dtype(s.dtype).device(device())));
-  stream_wait_caller();
+  stream_wait_caller(stream_);
   bool any = false;
   for (const at::Tensor& t : st.msg.tensors) any = any || t.nbytes() > 0;
   if (any) {
@@ -481,17 +496,17 @@ void NcclCommunicator::all_reduce(Group& group, std::vector<at::Tensor>& tensors
     DFLASH_CHECK(t.device() == device(), "all_reduce: tensor on {}, the communicator is on {}", t.device().str(), device().str());
     work.push_back(t.is_contiguous() ? t : t.contiguous());
   }
-  stream_wait_caller();
+  stream_wait_caller(coll_stream_);
   DFLASH_CHECK_NCCL(ncclGroupStart(), g->comm());
   for (at::Tensor& w : work)
     if (w.numel() > 0)
       DFLASH_CHECK_NCCL(ncclAllReduce(w.data_ptr(), w.data_ptr(), w.numel(), nccl_type(w.scalar_type()),
-                                      op == ReduceOp::Sum ? ncclSum : ncclAvg, g->comm(), stream_.stream()), g->comm());
+                                      op == ReduceOp::Sum ? ncclSum : ncclAvg, g->comm(), coll_stream_.stream()), g->comm());
   DFLASH_CHECK_NCCL(ncclGroupEnd(), g->comm());
   wait_ready(g->comm(), b);
-  for (at::Tensor& w : work) record_stream(w, stream_);
+  for (at::Tensor& w : work) record_stream(w, coll_stream_);
   Event done;
-  DFLASH_CHECK_CUDA(cudaEventRecord(done.ev, stream_.stream()));
+  DFLASH_CHECK_CUDA(cudaEventRecord(done.ev, coll_stream_.stream()));
   wait_event(done.ev, b);
   DFLASH_CHECK_CUDA(cudaStreamWaitEvent(caller_stream().stream(), done.ev, 0));
   for (size_t i = 0; i < tensors.size(); ++i)
@@ -499,13 +514,7 @@ void NcclCommunicator::all_reduce(Group& group, std::vector<at::Tensor>& tensors
 }
 
 void NcclCommunicator::barrier(Group* group) {
-  std::shared_ptr<Group> world;
-  if (!group) {
-    std::vector<int> all;
-    for (int r = 0; r < world_; ++r) all.push_back(r);
-    world = std::make_shared<NcclGroup>(all, world_comm_);
-    group = world.get();
-  }
+  if (!group) group = world_group_.get();
   std::vector<at::Tensor> one{at::ones({1}, at::TensorOptions().dtype(at::kInt).device(device()))};
   all_reduce(*group, one, ReduceOp::Sum, kNoBatch);
 }

@@ -18,10 +18,12 @@ struct RunConfig {
   std::string name = "dflash";
   std::string dir = "runs/dflash";  // run directory: metrics.jsonl, checkpoints, logs
   int64_t seed = 42;
+  int64_t cpu_threads = 0;  // 0: the node's cores shared among its ranks
   template <class V> void visit(V& v) {
     v("name", name, "run name, used in logs");
     v("dir", dir, "run directory: metrics.jsonl, checkpoints/, exports/, logs/");
     v("seed", seed, "seed of data order, anchors and initialisation");
+    v("cpu_threads", cpu_threads, "CPU threads per rank without GPU (0: cores / ranks on the node)");
   }
 };
 

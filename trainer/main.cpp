@@ -12,6 +12,7 @@
 #include "comm/selftest.h"
 #include "comm/watchdog.h"
 #include "trainer/config.h"
+#include "trainer/roles/training.h"
 
 namespace {
 
@@ -92,7 +93,7 @@ int main(int argc, char** argv) {
     int rc = dflash::kExitOk;
     if (args.whoami) rc = dflash::comm::run_whoami(rank, launch);
     else if (args.comm_check >= 0) rc = dflash::comm::run_comm_check(rank, launch, args.comm_check);
-    else dflash::log::info("nothing to run yet (the pipeline is not built); try --comm-check");
+    else rc = dflash::run_training(cfg, rank, args.resume);
     dflash::comm::finalize_mpi();
     return rc;
   } catch (const std::exception& e) {

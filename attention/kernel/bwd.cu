@@ -10,6 +10,7 @@
 // exchange for determinism and no fp32 accumulation buffer.
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -17,6 +18,11 @@
 #include "attention/kernel/common.cuh"
 
 namespace dflash::attention {
+
+bool wgmma_supported();                                   // bwd_sm90.cu
+void launch_dkv_wgmma(const AttnParams& p, void* stream);  // bwd_sm90.cu
+void launch_dq_wgmma(const AttnParams& p, void* stream);   // fwd_sm90.cu
+
 namespace {
 
 using bf16 = __nv_bfloat16;
@@ -24,11 +30,20 @@ using namespace dev;
 
 constexpr int kThreads = 128;
 
-__device__ __forceinline__ float ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
+// Tile variant of the dQ kernel, for benchmarking (DFLASH_ATTN_DQ_VARIANT = 1: 16 rows/warp x
+// 64 keys, 2: 32 rows/warp x 16 keys, 3: 32 rows/warp x 32 keys, 4 (default): Hopper wgmma
+// (fwd_sm90.cu; falls back to 3 where unavailable)). Read at each launch (getenv is cheap next to a launch).
+int dq_variant() {
+  const char* e = std::getenv("DFLASH_ATTN_DQ_VARIANT");
+  return e ? std::atoi(e) : 4;
 }
+// dK/dV kernel variant (DFLASH_ATTN_DKV_VARIANT = 1: 4 warps x 16 keys, 2: 8 warps,
+// 3 (default): Hopper wgmma (bwd_sm90.cu; falls back to 1 where unavailable)).
+int dkv_variant() {
+  const char* e = std::getenv("DFLASH_ATTN_DKV_VARIANT");
+  return e ? std::atoi(e) : 3;
+}
+
 
 void check(const char* what) {
   const cudaError_t e = cudaGetLastError();
@@ -68,125 +83,172 @@ __global__ void delta_kernel(const AttnParams p) {
 }
 
 // ---- 2. dQ ---------------------------------------------------------------------------------
-template <int D>
+template <int D, int MT, int BN>
 constexpr int dq_smem_bytes() {
-  return 2 * kTileQ * D * 2 + 4 * kTileK * D * 2;
+  return 2 * MT * kTileQ * D * 2 + 4 * BN * D * 2;
 }
 
-template <int D>
+// MT: 16-row m-tiles per warp (rows mt*64 + warp*16 + [0,16) of the CTA's MT*64 rows);
+// BN: keys per key tile.
+template <int D, int MT, int BN>
 __global__ void __launch_bounds__(kThreads, 2) attn_bwd_dq_kernel(const AttnParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
+  constexpr int BM = MT * kTileQ;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int nqt = p.meta.nqt;
-  const int qt = nqt - 1 - (int)blockIdx.x;
+  const int ncta = (nqt + MT - 1) / MT;
+  const int cta = ncta - 1 - (int)blockIdx.x;
   const int h = blockIdx.y, b = blockIdx.z;
   const int hk = h / (p.Hq / p.Hkv);
-  const int m0 = qt * kTileQ;
+  const int m0 = cta * BM;
   const bf16* q = static_cast<const bf16*>(p.q) + b * p.q_sb + h * p.q_sh;
   const bf16* dout = static_cast<const bf16*>(p.dout) + b * p.do_sb + h * p.do_sh;
   const bf16* k = static_cast<const bf16*>(p.k) + b * p.k_sb + hk * p.k_sh;
   const bf16* v = static_cast<const bf16*>(p.v) + b * p.v_sb + hk * p.v_sh;
 
-  const int4 tq = reinterpret_cast<const int4*>(p.meta.qtiles)[(int64_t)b * nqt + qt];
-  const int n1 = tq.y > tq.x ? (tq.y - tq.x + kTileK - 1) / kTileK : 0;
-  const int n2 = tq.w > tq.z ? (tq.w - tq.z + kTileK - 1) / kTileK : 0;
+  int clo = 0x7fffffff, chi = 0, blo = 0x7fffffff, bhi = 0;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    if (cta * MT + mt < nqt) {
+      const int4 tq = reinterpret_cast<const int4*>(p.meta.qtiles)[(int64_t)b * nqt + cta * MT + mt];
+      if (tq.y > tq.x) { clo = min(clo, tq.x); chi = max(chi, tq.y); }
+      if (tq.w > tq.z) { blo = min(blo, tq.z); bhi = max(bhi, tq.w); }
+    }
+  }
+  const int n1 = chi > clo ? (chi - clo + BN - 1) / BN : 0;
+  const int n2 = bhi > blo ? (bhi - blo + BN - 1) / BN : 0;
   const int ntiles = n1 + n2;
 
-  constexpr uint32_t kQBytes = kTileQ * D * 2, kKVBytes = kTileK * D * 2;
+  constexpr uint32_t kQBytes = BM * D * 2, kKVBytes = BN * D * 2;
   const uint32_t sQ = smem_u32(smem), sdO = sQ + kQBytes;
   const uint32_t sK0 = sdO + kQBytes, sV0 = sK0 + 2 * kKVBytes;
-  auto tile_start = [&](int t) { return t < n1 ? tq.x + t * kTileK : tq.z + (t - n1) * kTileK; };
+  auto tile_start = [&](int t) { return t < n1 ? clo + t * BN : blo + (t - n1) * BN; };
 
-  load_tile<kTileQ, D, kThreads>(sQ, q, p.q_sr, m0, p.q_len, tid);
-  load_tile<kTileQ, D, kThreads>(sdO, dout, p.do_sr, m0, p.q_len, tid);
+  load_tile<BM, D, kThreads>(sQ, q, p.q_sr, m0, p.q_len, tid);
+  load_tile<BM, D, kThreads>(sdO, dout, p.do_sr, m0, p.q_len, tid);
   if (ntiles > 0) {
     const int n0 = tile_start(0);
-    load_tile<kTileK, D, kThreads>(sK0, k, p.k_sr, n0, p.kv_len, tid);
-    load_tile<kTileK, D, kThreads>(sV0, v, p.v_sr, n0, p.kv_len, tid);
+    load_tile<BN, D, kThreads>(sK0, k, p.k_sr, n0, p.kv_len, tid);
+    load_tile<BN, D, kThreads>(sV0, v, p.v_sr, n0, p.kv_len, tid);
   }
   cp_async_commit();
 
   const int g = lane >> 2, t4 = lane & 3;
-  const int ra = m0 + warp * 16 + g, rb = ra + 8;
   const int4* rows = reinterpret_cast<const int4*>(p.meta.rows) + (int64_t)b * nqt * kTileQ;
-  const int4 rowA = rows[ra], rowB = rows[rb];
   const float* lse = p.lse + ((int64_t)b * p.Hq + h) * p.q_len;
   const float* delta = p.delta + ((int64_t)b * p.Hq + h) * p.q_len;
-  const float lA = ra < p.q_len ? lse[ra] * kLog2e : 0.f, lB = rb < p.q_len ? lse[rb] * kLog2e : 0.f;
-  const float dA = ra < p.q_len ? delta[ra] : 0.f, dB = rb < p.q_len ? delta[rb] : 0.f;
+  float lrow[MT][2], drow[MT][2];
+  int wlo = 0, whi = 0x7fffffff;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = m0 + mt * kTileQ + warp * 16 + g + 8 * hh;
+      const bool in = r < p.q_len;
+      lrow[mt][hh] = in ? lse[r] * kLog2e : 0.f;
+      drow[mt][hh] = in ? delta[r] : 0.f;
+      const int4 rm = cta * MT + mt < nqt ? rows[r] : make_int4(0, 0, 0, 0);
+      wlo = max(wlo, rm.x);
+      whi = min(whi, rm.y);
+    }
+  }
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    wlo = max(wlo, __shfl_xor_sync(0xffffffffu, wlo, off));
+    whi = min(whi, __shfl_xor_sync(0xffffffffu, whi, off));
+  }
   const float sl2 = p.scale * kLog2e;
 
-  float dq[D / 8][4];
+  float dq[MT][D / 8][4];
 #pragma unroll
-  for (int i = 0; i < D / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
-  uint32_t qf[D / 16][4], of[D / 16][4];
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) dq[mt][i][0] = dq[mt][i][1] = dq[mt][i][2] = dq[mt][i][3] = 0.f;
 
   for (int t = 0; t < ntiles; ++t) {
     const int buf = t & 1;
     if (t + 1 < ntiles) {
       const int n0n = tile_start(t + 1);
-      load_tile<kTileK, D, kThreads>(sK0 + (buf ^ 1) * kKVBytes, k, p.k_sr, n0n, p.kv_len, tid);
-      load_tile<kTileK, D, kThreads>(sV0 + (buf ^ 1) * kKVBytes, v, p.v_sr, n0n, p.kv_len, tid);
+      load_tile<BN, D, kThreads>(sK0 + (buf ^ 1) * kKVBytes, k, p.k_sr, n0n, p.kv_len, tid);
+      load_tile<BN, D, kThreads>(sV0 + (buf ^ 1) * kKVBytes, v, p.v_sr, n0n, p.kv_len, tid);
     }
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
-    if (t == 0) {
-#pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks) {
-        load_a<D>(sQ, warp * 16, ks * 16, lane, qf[ks]);
-        load_a<D>(sdO, warp * 16, ks * 16, lane, of[ks]);
-      }
-    }
     const uint32_t sK = sK0 + buf * kKVBytes, sV = sV0 + buf * kKVBytes;
     const int n0 = tile_start(t);
     const bool ctx = t < n1;
 
-    float s[8][4], dp[8][4];
+    float s[MT][BN / 8][4], dp[MT][BN / 8][4];
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
-      s[j][0] = s[j][1] = s[j][2] = s[j][3] = dp[j][0] = dp[j][1] = dp[j][2] = dp[j][3] = 0.f;
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j)
+        s[mt][j][0] = s[mt][j][1] = s[mt][j][2] = s[mt][j][3] = dp[mt][j][0] = dp[mt][j][1] =
+            dp[mt][j][2] = dp[mt][j][3] = 0.f;
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) {
+      uint32_t qa[MT][4], oa[MT][4];
 #pragma unroll
-      for (int np = 0; np < 4; ++np) {
+      for (int mt = 0; mt < MT; ++mt) {
+        load_a<D>(sQ, mt * kTileQ + warp * 16, ks * 16, lane, qa[mt]);
+        load_a<D>(sdO, mt * kTileQ + warp * 16, ks * 16, lane, oa[mt]);
+      }
+#pragma unroll
+      for (int np = 0; np < BN / 16; ++np) {
         uint32_t bb[4];
         load_b_nk<D>(sK, np * 16, ks * 16, lane, bb);
-        mma16816(s[2 * np], qf[ks], bb[0], bb[1]);
-        mma16816(s[2 * np + 1], qf[ks], bb[2], bb[3]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma16816(s[mt][2 * np], qa[mt], bb[0], bb[1]);
+          mma16816(s[mt][2 * np + 1], qa[mt], bb[2], bb[3]);
+        }
         load_b_nk<D>(sV, np * 16, ks * 16, lane, bb);
-        mma16816(dp[2 * np], of[ks], bb[0], bb[1]);
-        mma16816(dp[2 * np + 1], of[ks], bb[2], bb[3]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma16816(dp[mt][2 * np], oa[mt], bb[0], bb[1]);
+          mma16816(dp[mt][2 * np + 1], oa[mt], bb[2], bb[3]);
+        }
       }
     }
-    const bool full = ctx && n0 >= rowA.x && n0 + kTileK <= rowA.y && n0 >= rowB.x &&
-                      n0 + kTileK <= rowB.y;
-    const bool all_full = __all_sync(0xffffffffu, full);
-    const int lo_a = ctx ? rowA.x : rowA.z, hi_a = ctx ? rowA.y : rowA.w;
-    const int lo_b = ctx ? rowB.x : rowB.z, hi_b = ctx ? rowB.y : rowB.w;
+    const bool full = ctx && n0 >= wlo && n0 + BN <= whi;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+    for (int mt = 0; mt < MT; ++mt) {
+      int lo[2] = {0, 0}, hi[2] = {0x7fffffff, 0x7fffffff};
+      if (!full) {
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int key = n0 + j * 8 + 2 * t4 + e;
-        const bool va = all_full || (key >= lo_a && key < hi_a);
-        const bool vb = all_full || (key >= lo_b && key < hi_b);
-        const float pa = va ? ex2(s[j][e] * sl2 - lA) : 0.f;
-        const float pb = vb ? ex2(s[j][2 + e] * sl2 - lB) : 0.f;
-        s[j][e] = pa * (dp[j][e] - dA);
-        s[j][2 + e] = pb * (dp[j][2 + e] - dB);
+        for (int hh = 0; hh < 2; ++hh) {
+          const int4 rm = rows[m0 + mt * kTileQ + warp * 16 + g + 8 * hh];
+          lo[hh] = ctx ? rm.x : rm.z;
+          hi[hh] = ctx ? rm.y : rm.w;
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < BN / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int hh = e >> 1;
+          const int key = n0 + j * 8 + 2 * t4 + (e & 1);
+          const bool vis = key >= lo[hh] && key < hi[hh];
+          const float pv = vis ? ex2(s[mt][j][e] * sl2 - lrow[mt][hh]) : 0.f;
+          s[mt][j][e] = pv * (dp[mt][j][e] - drow[mt][hh]);
+        }
       }
     }
 #pragma unroll
-    for (int ks = 0; ks < kTileK / 16; ++ks) {
-      uint32_t a[4];
-      acc_to_a(s[2 * ks], s[2 * ks + 1], a);
+    for (int ks = 0; ks < BN / 16; ++ks) {
+      uint32_t a[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) acc_to_a(s[mt][2 * ks], s[mt][2 * ks + 1], a[mt]);
 #pragma unroll
       for (int dpi = 0; dpi < D / 16; ++dpi) {
         uint32_t bb[4];
         load_b_kn<D>(sK, ks * 16, dpi * 16, lane, bb);
-        mma16816(dq[2 * dpi], a, bb[0], bb[1]);
-        mma16816(dq[2 * dpi + 1], a, bb[2], bb[3]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma16816(dq[mt][2 * dpi], a[mt], bb[0], bb[1]);
+          mma16816(dq[mt][2 * dpi + 1], a[mt], bb[2], bb[3]);
+        }
       }
     }
     __syncthreads();
@@ -194,66 +256,78 @@ __global__ void __launch_bounds__(kThreads, 2) attn_bwd_dq_kernel(const AttnPara
   cp_async_wait<0>();
 
   bf16* dqo = static_cast<bf16*>(p.dq) + b * p.dq_sb + h * p.dq_sh;
-  if (ra < p.q_len) {
 #pragma unroll
-    for (int i = 0; i < D / 8; ++i)
-      store_bf16x2(dqo + (int64_t)ra * p.dq_sr + i * 8 + 2 * t4, dq[i][0] * p.scale,
-                   dq[i][1] * p.scale);
-  }
-  if (rb < p.q_len) {
+  for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
-    for (int i = 0; i < D / 8; ++i)
-      store_bf16x2(dqo + (int64_t)rb * p.dq_sr + i * 8 + 2 * t4, dq[i][2] * p.scale,
-                   dq[i][3] * p.scale);
+    for (int hh = 0; hh < 2; ++hh) {
+      const int r = m0 + mt * kTileQ + warp * 16 + g + 8 * hh;
+      if (r < p.q_len) {
+#pragma unroll
+        for (int i = 0; i < D / 8; ++i)
+          store_bf16x2(dqo + (int64_t)r * p.dq_sr + i * 8 + 2 * t4, dq[mt][i][2 * hh] * p.scale,
+                       dq[mt][i][2 * hh + 1] * p.scale);
+      }
+    }
   }
 }
 
 // ---- 3. dK, dV -----------------------------------------------------------------------------
-template <int D>
+// NW warps of 16 keys each: the CTA covers 16*NW keys (NW/4 metadata key tiles).
+template <int D, int NW>
 struct DkvSmem {
+  static constexpr int kKeys = 16 * NW;
   static constexpr int kTile = kTileQ * D * 2;                 // one Q or dO tile
   static constexpr int kStage = 2 * kTile + kTileQ * 16 + 2 * kTileQ * 4;  // Q, dO, rows, lse, delta
-  static constexpr int kBytes = 2 * kTileK * D * 2 + 2 * kStage;
+  static constexpr int kBytes = 2 * kKeys * D * 2 + 2 * kStage;
 };
 
-template <int D>
-__global__ void __launch_bounds__(kThreads, 2) attn_bwd_dkv_kernel(const AttnParams p) {
+template <int D, int NW>
+__global__ void __launch_bounds__(32 * NW, 8 / NW) attn_bwd_dkv_kernel(const AttnParams p) {
   extern __shared__ __align__(128) unsigned char smem[];
-  using S = DkvSmem<D>;
+  using S = DkvSmem<D, NW>;
+  constexpr int NT = 32 * NW, BNK = S::kKeys, SUB = BNK / kTileK;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int nqt = p.meta.nqt, nkt = p.meta.nkt;
   const int kt = (int)blockIdx.x;  // low key tiles (seen by most query tiles) first
   const int hk = blockIdx.y, b = blockIdx.z;
   const int G = p.Hq / p.Hkv;
-  const int n0 = kt * kTileK;
+  const int n0 = kt * BNK;
   const bf16* k = static_cast<const bf16*>(p.k) + b * p.k_sb + hk * p.k_sh;
   const bf16* v = static_cast<const bf16*>(p.v) + b * p.v_sb + hk * p.v_sh;
 
-  const int2 kr = reinterpret_cast<const int2*>(p.meta.ktiles)[(int64_t)b * nkt + kt];
+  int2 kr = make_int2(0x7fffffff, 0);
+#pragma unroll
+  for (int sub = 0; sub < SUB; ++sub) {
+    if (kt * SUB + sub < nkt) {
+      const int2 r = reinterpret_cast<const int2*>(p.meta.ktiles)[(int64_t)b * nkt + kt * SUB + sub];
+      if (r.y > r.x) { kr.x = min(kr.x, r.x); kr.y = max(kr.y, r.y); }
+    }
+  }
+  if (kr.y <= kr.x) kr = make_int2(0, 0);
   const int4* qtiles = reinterpret_cast<const int4*>(p.meta.qtiles) + (int64_t)b * nqt;
   const int4* rows = reinterpret_cast<const int4*>(p.meta.rows) + (int64_t)b * nqt * kTileQ;
   const int nitems = (kr.y - kr.x) * G;
   auto valid = [&](int i) {
     const int4 tq = qtiles[kr.x + i / G];
-    return (tq.x < n0 + kTileK && tq.y > n0 && tq.y > tq.x) ||
-           (tq.z < n0 + kTileK && tq.w > n0 && tq.w > tq.z);
+    return (tq.x < n0 + BNK && tq.y > n0 && tq.y > tq.x) ||
+           (tq.z < n0 + BNK && tq.w > n0 && tq.w > tq.z);
   };
   auto next_item = [&](int i) {
     while (i < nitems && !valid(i)) ++i;
     return i;
   };
 
-  const uint32_t sK = smem_u32(smem), sV = sK + kTileK * D * 2;
-  const uint32_t sStage0 = sV + kTileK * D * 2;
-  unsigned char* stage_ptr0 = smem + 2 * kTileK * D * 2;
+  const uint32_t sK = smem_u32(smem), sV = sK + BNK * D * 2;
+  const uint32_t sStage0 = sV + BNK * D * 2;
+  unsigned char* stage_ptr0 = smem + 2 * BNK * D * 2;
 
   auto load_item = [&](int i, int buf) {
     const int qt = kr.x + i / G, h = hk * G + i % G;
     const int m0 = qt * kTileQ;
     const uint32_t st = sStage0 + buf * S::kStage;
-    load_tile<kTileQ, D, kThreads>(st, static_cast<const bf16*>(p.q) + b * p.q_sb + h * p.q_sh,
+    load_tile<kTileQ, D, NT>(st, static_cast<const bf16*>(p.q) + b * p.q_sb + h * p.q_sh,
                                    p.q_sr, m0, p.q_len, tid);
-    load_tile<kTileQ, D, kThreads>(st + S::kTile,
+    load_tile<kTileQ, D, NT>(st + S::kTile,
                                    static_cast<const bf16*>(p.dout) + b * p.do_sb + h * p.do_sh,
                                    p.do_sr, m0, p.q_len, tid);
     const uint32_t sRows = st + 2 * S::kTile, sL = sRows + kTileQ * 16, sD = sL + kTileQ * 4;
@@ -262,15 +336,15 @@ __global__ void __launch_bounds__(kThreads, 2) attn_bwd_dkv_kernel(const AttnPar
       cp_async16(sRows + tid * 16, rows + m0 + tid, true);
       const bool ok = m0 + tid < p.q_len;
       cp_async4(sL + tid * 4, p.lse + (ok ? lo + m0 + tid : 0), ok);
-    } else {
+    } else if (tid < 2 * kTileQ) {
       const int r = tid - kTileQ;
       const bool ok = m0 + r < p.q_len;
       cp_async4(sD + r * 4, p.delta + (ok ? lo + m0 + r : 0), ok);
     }
   };
 
-  load_tile<kTileK, D, kThreads>(sK, k, p.k_sr, n0, p.kv_len, tid);
-  load_tile<kTileK, D, kThreads>(sV, v, p.v_sr, n0, p.kv_len, tid);
+  load_tile<BNK, D, NT>(sK, k, p.k_sr, n0, p.kv_len, tid);
+  load_tile<BNK, D, NT>(sV, v, p.v_sr, n0, p.kv_len, tid);
   int item = next_item(0);
   if (item < nitems) load_item(item, 0);
   cp_async_commit();
@@ -377,29 +451,59 @@ __global__ void __launch_bounds__(kThreads, 2) attn_bwd_dkv_kernel(const AttnPar
   }
 }
 
-template <int D>
-void run_bwd(const AttnParams& p, cudaStream_t s) {
-  const int64_t rows = (int64_t)p.B * p.Hq * p.q_len;
-  const int64_t threads = rows * (D / 8);
-  delta_kernel<D><<<(unsigned)((threads + 255) / 256), 256, 0, s>>>(p);
-  check("delta");
-  constexpr int smem_dq = dq_smem_bytes<D>();
-  cudaFuncSetAttribute(attn_bwd_dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_dq);
-  attn_bwd_dq_kernel<D><<<dim3(p.meta.nqt, p.Hq, p.B), kThreads, smem_dq, s>>>(p);
+template <int D, int MT, int BN>
+void run_dq(const AttnParams& p, cudaStream_t s) {
+  constexpr int smem = dq_smem_bytes<D, MT, BN>();
+  cudaFuncSetAttribute(attn_bwd_dq_kernel<D, MT, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  attn_bwd_dq_kernel<D, MT, BN><<<dim3((p.meta.nqt + MT - 1) / MT, p.Hq, p.B), kThreads, smem, s>>>(p);
   check("dq");
-  constexpr int smem_kv = DkvSmem<D>::kBytes;
-  cudaFuncSetAttribute(attn_bwd_dkv_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_kv);
-  attn_bwd_dkv_kernel<D><<<dim3(p.meta.nkt, p.Hkv, p.B), kThreads, smem_kv, s>>>(p);
+}
+
+template <int D, int NW>
+void run_dkv(const AttnParams& p, cudaStream_t s) {
+  constexpr int smem = DkvSmem<D, NW>::kBytes;
+  cudaFuncSetAttribute(attn_bwd_dkv_kernel<D, NW>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  const int nct = (p.meta.nkt + NW / 4 - 1) / (NW / 4);
+  attn_bwd_dkv_kernel<D, NW><<<dim3(nct, p.Hkv, p.B), 32 * NW, smem, s>>>(p);
   check("dkv");
+}
+
+template <int D>
+void run_bwd(const AttnParams& p, cudaStream_t s, int stage) {
+  if (stage < 0 || stage == 0) {
+    const int64_t rows = (int64_t)p.B * p.Hq * p.q_len;
+    const int64_t threads = rows * (D / 8);
+    delta_kernel<D><<<(unsigned)((threads + 255) / 256), 256, 0, s>>>(p);
+    check("delta");
+  }
+  if (stage < 0 || stage == 1) {
+    switch (dq_variant()) {
+      case 1: run_dq<D, 1, 64>(p, s); break;
+      case 2: run_dq<D, 2, 16>(p, s); break;
+      case 3: run_dq<D, 2, 32>(p, s); break;
+      default:
+        if (wgmma_supported()) launch_dq_wgmma(p, s);
+        else run_dq<D, 2, 32>(p, s);
+        break;
+    }
+  }
+  if (stage < 0 || stage == 2) {
+    const int var = dkv_variant();
+    if (var == 3 && wgmma_supported()) launch_dkv_wgmma(p, s);
+    else if (var == 2) run_dkv<D, 8>(p, s);
+    else run_dkv<D, 4>(p, s);
+  }
 }
 
 }  // namespace
 
-void launch_attn_bwd(const AttnParams& p, void* stream) {
+void launch_attn_bwd_stage(const AttnParams& p, int stage, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
-  if (p.d == 128) run_bwd<128>(p, s);
-  else if (p.d == 64) run_bwd<64>(p, s);
+  if (p.d == 128) run_bwd<128>(p, s, stage);
+  else if (p.d == 64) run_bwd<64>(p, s, stage);
   else throw std::runtime_error("dflash attention kernel: head dim must be 64 or 128");
 }
+
+void launch_attn_bwd(const AttnParams& p, void* stream) { launch_attn_bwd_stage(p, -1, stream); }
 
 }  // namespace dflash::attention

@@ -123,6 +123,13 @@ __device__ __forceinline__ bool visible(const int4& m, int key) {
   return (key >= m.x && key < m.y) || (key >= m.z && key < m.w);
 }
 
+// 2^x (MUFU.EX2, ~2 ulp; -inf -> +0).
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 

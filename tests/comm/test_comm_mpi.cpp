@@ -1,5 +1,8 @@
-// Multi-process tests of the MPI Communicator, run by ctest under `mpirun -np 2|3|8` (see
-// CMakeLists.txt). Every rank runs every test; a test fails on the rank that sees the problem.
+// Multi-process tests of a Communicator, run by ctest under `mpirun -np 2|3|8` over MPI (see
+// CMakeLists.txt), and by bench/gpu/comm.sh under `mpirun -np 2` over NCCL on two GPUs
+// (DFLASH_TEST_BACKEND=nccl). Every rank runs every test; a test fails on the rank that sees
+// the problem. Tensors are generated on the CPU, moved to the communicator's device to be sent,
+// and compared on the CPU after they arrive.
 // References are independent of the transport: the receiver regenerates the sender's tensors
 // from (seed, batch, index) and compares their bytes (random bytes, so every bit pattern of a
 // dtype, NaNs included, must survive); all-reduce inputs are small integers stored in floats,
@@ -20,6 +23,12 @@ using namespace dflash::comm;
 namespace {
 
 Communicator* g_comm = nullptr;
+std::string g_backend = "mpi";
+at::Device dev() { return g_comm->device(); }
+Message on_dev(Message m) {
+  for (auto& t : m.tensors) t = t.to(dev());
+  return m;
+}
 int R() { return g_comm->rank(); }
 int W() { return g_comm->world_size(); }
 
@@ -34,7 +43,8 @@ at::Tensor pattern(at::ScalarType dtype, std::vector<int64_t> shape, int64_t see
   return bytes.view(dtype).view(shape);
 }
 
-bool same_bytes(const at::Tensor& a, const at::Tensor& b) {
+bool same_bytes(const at::Tensor& a_any, const at::Tensor& b) {
+  at::Tensor a = a_any.cpu();
   if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes()) return false;
   if (a.numel() == 0) return true;
   return at::equal(a.contiguous().view({-1}).view(at::kByte), b.contiguous().view({-1}).view(at::kByte));
@@ -71,18 +81,25 @@ void expect_message(const Message& got, const Message& want) {
 }  // namespace
 
 // Every rank sends 20 messages to its right neighbour and receives 20 from its left one,
-// with several sends and receives outstanding; receive handles are waited newest first, so
-// a message may only match its own handle (not the order of waits).
+// with all 20 sends and receives outstanding; receive handles are waited newest first, so a
+// message may only match its own handle (not the order of waits). Two phases (even senders,
+// then odd senders), so that no rank has sends and receives queued towards the same peer at
+// once: the one-way pattern of the pipeline, which NCCL needs (nccl_communicator.cpp).
 TEST(CommMpi, RingMessagesAllDtypesInOrder) {
   const int n = 20;
   int right = (R() + 1) % W(), left = (R() - 1 + W()) % W();
-  std::vector<HandlePtr> sends, recvs;
-  for (int64_t b = 0; b < n; ++b) {
-    sends.push_back(g_comm->isend(right, ring_message(R(), b)));
-    recvs.push_back(g_comm->irecv(left, b));
+  for (int phase = 0; phase < 2; ++phase) {
+    std::vector<HandlePtr> sends, recvs;
+    int64_t base = phase * n;
+    if (R() % 2 == phase)
+      for (int64_t b = 0; b < n; ++b) sends.push_back(g_comm->isend(right, on_dev(ring_message(R(), base + b))));
+    if (left % 2 == phase && left != R())
+      for (int64_t b = 0; b < n; ++b) recvs.push_back(g_comm->irecv(left, base + b));
+    for (int64_t b = static_cast<int64_t>(recvs.size()) - 1; b >= 0; --b)
+      expect_message(recvs[b]->take(), ring_message(left, base + b));
+    for (auto& h : sends) h->wait();
+    g_comm->barrier();
   }
-  for (int64_t b = n - 1; b >= 0; --b) expect_message(recvs[b]->take(), ring_message(left, b));
-  for (auto& h : sends) h->wait();
 }
 
 // Messages of 0 bytes up to 256 MB from rank 0 to rank 1 (a blocking send/recv pair).
@@ -97,7 +114,7 @@ TEST(CommMpi, LargeMessagesZeroTo256MB) {
     m.tensors.push_back(pattern(at::kFloat, {bytes / 4}, 7 + b));
     m.tensors.push_back(pattern(at::kBFloat16, {3, 5}, 8 + b));
     m.tensors.push_back(pattern(at::kLong, {bytes > 4096 ? 1000 : 0}, 9 + b));
-    if (R() == 0) g_comm->send(1, m);
+    if (R() == 0) g_comm->send(1, on_dev(m));
     if (R() == 1) {
       expect_message(g_comm->recv(0, b), m);
     }
@@ -129,16 +146,16 @@ TEST(CommMpi, AllReduceOverSubGroupsIsExact) {
     for (at::ScalarType t : {at::kFloat, at::kBFloat16, at::kHalf, at::kDouble, at::kLong, at::kInt}) {
       // element i of rank r holds (r+1)*(i%5+1): the sum is (i%5+1)*sum_r, exact in every dtype
       at::Tensor idx = at::arange(0, 1001, at::kLong).remainder(5).add(1);
-      std::vector<at::Tensor> ts{(idx * (R() + 1)).to(t)};
+      std::vector<at::Tensor> ts{(idx * (R() + 1)).to(t).to(dev())};
       g_comm->all_reduce(*g, ts, ReduceOp::Sum, 17);
-      EXPECT_TRUE(at::equal(ts[0], (idx * sum_r).to(t))) << c10::toString(t) << " over " << g->describe();
+      EXPECT_TRUE(at::equal(ts[0].cpu(), (idx * sum_r).to(t))) << c10::toString(t) << " over " << g->describe();
     }
     // average of 2*(r+1)*n: = 2*sum_r, an integer
-    std::vector<at::Tensor> avg{at::full({64}, 2.0 * (R() + 1) * n, at::kBFloat16),
-                                at::full({3, 3}, 2.0 * (R() + 1) * n, at::kFloat).t()};  // non-contiguous
+    std::vector<at::Tensor> avg{at::full({64}, 2.0 * (R() + 1) * n, at::kBFloat16).to(dev()),
+                                at::full({3, 3}, 2.0 * (R() + 1) * n, at::kFloat).to(dev()).t()};  // non-contiguous
     g_comm->all_reduce(*g, avg, ReduceOp::Average, 18);
-    EXPECT_TRUE(at::equal(avg[0], at::full({64}, 2.0 * sum_r, at::kBFloat16))) << g->describe();
-    EXPECT_TRUE(at::equal(avg[1], at::full({3, 3}, 2.0 * sum_r, at::kFloat))) << g->describe();
+    EXPECT_TRUE(at::equal(avg[0].cpu(), at::full({64}, 2.0 * sum_r, at::kBFloat16))) << g->describe();
+    EXPECT_TRUE(at::equal(avg[1].cpu(), at::full({3, 3}, 2.0 * sum_r, at::kFloat))) << g->describe();
     g_comm->barrier(g.get());
   }
   g_comm->barrier();
@@ -147,7 +164,7 @@ TEST(CommMpi, AllReduceOverSubGroupsIsExact) {
 TEST(CommMpi, MisuseIsReported) {
   std::vector<int> first{0};
   auto g = g_comm->new_group(first);
-  std::vector<at::Tensor> ints{at::ones({4}, at::kLong)};
+  std::vector<at::Tensor> ints{at::ones({4}, at::kLong).to(dev())};
   if (R() != 0) {
     EXPECT_THROW(g_comm->all_reduce(*g, ints, ReduceOp::Sum), std::invalid_argument);
   } else {
@@ -162,10 +179,8 @@ TEST(CommMpi, MisuseIsReported) {
 // that communicator aborted (a second one, so the shared one stays usable).
 TEST(CommMpi, TimeoutNamesPeerAndBatch) {
   if (W() < 2) GTEST_SKIP();
-  Identity id;
-  id.rank = R();
-  id.world_size = W();
-  auto c2 = make_mpi_communicator(id, 60);
+  Identity id = detect();
+  auto c2 = make_communicator(CommOptions{g_backend, 60, 60}, id);
   c2->set_timeout(0.5);
   if (R() == 1) {
     try {
@@ -185,9 +200,14 @@ int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   int rc = 1;
   try {
+    if (const char* b = std::getenv("DFLASH_TEST_BACKEND")) g_backend = b;
     Identity id = detect();
-    if (id.rank != 0) ::testing::GTEST_FLAG(brief) = true;
-    auto comm = make_mpi_communicator(id, 60);
+    if (g_backend == "nccl" && id.gpu < 0) {
+      std::printf("DFLASH_TEST_BACKEND=nccl but this rank sees no GPU\n");
+      finalize_mpi();
+      return 1;
+    }
+    auto comm = make_communicator(CommOptions{g_backend, 60, 60}, id);
     comm->set_timeout(60);
     g_comm = comm.get();
     rc = RUN_ALL_TESTS();

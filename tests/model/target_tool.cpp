@@ -4,16 +4,18 @@
 //       read IN (a .safetensors file or checkpoint directory) with our reader, write every
 //       tensor (converted to --dtype if given, else as stored) to OUT with our writer.
 //   target_tool dump --model DIR --ids 1,2,3,... --cu 0,3,... [--layers 0,2,...] [--capture-only]
-//                    [--num-layers N] --out FILE
-//       run the target model (CPU, float32) over one packed stream; write "captured"
+//                    [--num-layers N] [--device cpu|cuda] [--dtype f32|bf16] --out FILE
+//       run the target model (default CPU, float32) over one packed stream; write "captured"
 //       [T, K*H] (if --layers) and "logits" [T, V] (unless --capture-only, which also stops
 //       after the last captured layer) to FILE (safetensors).
 //   target_tool generate --model DIR --prompts "1,2,3;4,5" --max-new N [--stop-at-eos]
+//                        [--device cpu|cuda] [--dtype f32|bf16]
 //       greedy generation; prints one line of comma-separated new tokens per prompt.
 //   target_tool embeddings --model DIR --out FILE
 //       the drafter-side load: writes "embed_tokens", "lm_head" and "tied" (u8) to FILE.
 //
 // Exit codes as dflash_rank: 0 ok, 2 bad input (UserError, one line on stderr), 1 internal.
+#include <chrono>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -110,18 +112,23 @@ int dump(const std::vector<std::string>& args) {
   Opts o = parse_opts(args, {"capture-only"});
   dflash::model::TargetLoadOptions lo;
   if (o.kv.count("num-layers")) lo.num_layers = std::stoll(o.get("num-layers"));
-  auto model = dflash::model::TargetModel::load(o.get("model"), at::kFloat, at::kCPU, lo);
+  at::Device dev = o.kv.count("device") ? at::Device(o.get("device")) : at::Device(at::kCPU);
+  at::ScalarType dt = o.kv.count("dtype") ? parse_dtype(o.get("dtype")) : at::kFloat;
+  auto model = dflash::model::TargetModel::load(o.get("model"), dt, dev, lo);
   at::Tensor ids = to_tensor(parse_ints(o.get("ids"), "--ids"));
   at::Tensor cu = to_tensor(parse_ints(o.get("cu"), "--cu"));
   std::vector<int64_t> layers = o.kv.count("layers") ? parse_ints(o.get("layers"), "--layers")
                                                      : std::vector<int64_t>{};
   std::vector<std::pair<std::string, at::Tensor>> out;
   if (o.flags.count("capture-only")) {
-    out.emplace_back("captured", model.capture(ids, cu.to(at::kInt), layers));
+    auto t0 = std::chrono::steady_clock::now();
+    out.emplace_back("captured", model.capture(ids, cu.to(at::kInt), layers).cpu());
+    std::fprintf(stderr, "capture: %.3f s\n",
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   } else {
     auto r = model.forward(ids, cu, layers);
-    if (r.captured.defined()) out.emplace_back("captured", r.captured);
-    out.emplace_back("logits", r.logits);
+    if (r.captured.defined()) out.emplace_back("captured", r.captured.cpu());
+    out.emplace_back("logits", r.logits.cpu());
   }
   dflash::st::save(o.get("out"), out);
   return 0;
@@ -129,7 +136,9 @@ int dump(const std::vector<std::string>& args) {
 
 int generate(const std::vector<std::string>& args) {
   Opts o = parse_opts(args, {"stop-at-eos"});
-  auto model = dflash::model::TargetModel::load(o.get("model"), at::kFloat, at::kCPU);
+  at::Device dev = o.kv.count("device") ? at::Device(o.get("device")) : at::Device(at::kCPU);
+  at::ScalarType dt = o.kv.count("dtype") ? parse_dtype(o.get("dtype")) : at::kFloat;
+  auto model = dflash::model::TargetModel::load(o.get("model"), dt, dev);
   std::vector<std::vector<int64_t>> prompts;
   std::string all = o.get("prompts");
   size_t i = 0;

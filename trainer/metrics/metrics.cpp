@@ -48,7 +48,7 @@ std::string to_json(const StepMetrics& m) {
       m.mfu < 0 ? "null" : num(m.mfu), num(m.mem_gb), num(m.elapsed_s));
 }
 
-MetricsLog::MetricsLog(const std::string& run_dir, bool active) {
+MetricsLog::MetricsLog(const std::string& run_dir, bool active, bool echo) : echo_(echo && active) {
   if (!active) return;
   files::make_dirs(run_dir);
   path_ = run_dir + "/metrics.jsonl";
@@ -62,9 +62,18 @@ MetricsLog::~MetricsLog() {
 
 void MetricsLog::write(const StepMetrics& m) {
   if (!file_) return;
-  log::info("{}", format_line(m));
+  announce(format_line(m));
   std::fputs((to_json(m) + "\n").c_str(), file_);
   std::fflush(file_);
+}
+
+void MetricsLog::announce(const std::string& line) {
+  if (!file_) return;
+  log::info("{}", line);  // console (if this is the console rank) and the rank's log file
+  if (echo_) {
+    std::fputs(fmt::format("{} {}\n", log::prefix(), line).c_str(), stdout);
+    std::fflush(stdout);
+  }
 }
 
 double peak_rss_gb() {

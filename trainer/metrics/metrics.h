@@ -41,20 +41,25 @@ std::string format_line(const StepMetrics& m);
 // One JSON object (one line, no newline), every field of StepMetrics (mfu null when < 0).
 std::string to_json(const StepMetrics& m);
 
-// Appends to <run_dir>/metrics.jsonl. Inactive (no file) when `active` is false.
+// Appends to <run_dir>/metrics.jsonl. Inactive (no file, no output) when `active` is false.
+// The reporting rank (rank 0 of the drafters) is usually not log.console_rank (rank 0 is a
+// target): with `echo` its lines also go to stdout, so the user sees them whatever the console rank.
 class MetricsLog {
  public:
-  MetricsLog(const std::string& run_dir, bool active);
+  MetricsLog(const std::string& run_dir, bool active, bool echo = false);
   ~MetricsLog();
   MetricsLog(const MetricsLog&) = delete;
   MetricsLog& operator=(const MetricsLog&) = delete;
   // Prints the console line (log::info) and appends the JSON line.
   void write(const StepMetrics& m);
+  // A progress line of the reporting rank (state written, export, done), shown like write's.
+  void announce(const std::string& line);
   const std::string& path() const { return path_; }
 
  private:
   std::string path_;
   std::FILE* file_ = nullptr;
+  bool echo_ = false;
 };
 
 // Peak resident memory of this process in GB (VmHWM of /proc/self/status; 0 if unavailable).

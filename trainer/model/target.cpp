@@ -2,6 +2,7 @@
 #include "trainer/model/target.h"
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <filesystem>
 #include <functional>
@@ -199,6 +200,44 @@ TargetModel TargetModel::load(const std::string& dir, at::ScalarType dtype, at::
                    [](const auto& a, const auto& b) { return a.second.numel() > b.second.numel(); });
   run_loads(file, jobs, device);
   m.inv_freq_ = rope_inv_freq(c).to(device);
+  return m;
+}
+
+TargetModel TargetModel::random(const HfConfig& cfg, at::ScalarType dtype, at::Device device,
+                                uint64_t seed, double std) {
+  c10::InferenceMode guard;
+  TargetModel m;
+  m.cfg_ = cfg;
+  m.dtype_ = dtype;
+  m.device_ = device;
+  at::Generator gen = at::globalContext().defaultGenerator(device);
+  {
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_current_seed(seed);
+  }
+  auto opt = at::TensorOptions().dtype(dtype).device(device);
+  auto lin = [&](std::vector<int64_t> shape) { return at::normal(0.0, std, shape, gen, opt); };
+  auto norm = [&](int64_t n) { return at::normal(1.0, 0.1, {n}, gen, opt); };
+  const int64_t H = cfg.hidden_size, I = cfg.intermediate_size;
+  const double out_scale = 1.0 / std::sqrt(2.0 * double(cfg.num_hidden_layers));
+  m.embed_ = lin({cfg.vocab_size, H});
+  for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
+    Layer w;
+    w.input_norm = norm(H);
+    w.post_norm = norm(H);
+    if (cfg.qk_norm) {
+      w.q_norm = norm(cfg.head_dim);
+      w.k_norm = norm(cfg.head_dim);
+    }
+    w.wqkv = lin({cfg.q_dim() + 2 * cfg.kv_dim(), H});
+    w.wo = lin({H, cfg.q_dim()}).mul_(out_scale);
+    w.w_gate_up = lin({2 * I, H});
+    w.w_down = lin({H, I}).mul_(out_scale);
+    m.layers_.push_back(std::move(w));
+  }
+  m.norm_ = norm(H);
+  m.lm_head_ = cfg.tie_word_embeddings ? m.embed_ : lin({cfg.vocab_size, H});
+  m.inv_freq_ = rope_inv_freq(cfg).to(device);
   return m;
 }
 
@@ -459,6 +498,42 @@ std::vector<std::vector<int64_t>> TargetModel::generate(
     for (auto& n : lens) ++n;
   }
   return out;
+}
+
+// ---- run settings ------------------------------------------------------------------------------
+
+std::vector<int64_t> default_layer_ids(int64_t num_layers, int64_t k) {
+  if (k < 1) throw_user("number of captured target layers must be >= 1, got {}", k);
+  if (k == 1) return {num_layers / 2};
+  if (num_layers < 5 || k > num_layers - 3)
+    throw_user("cannot pick {} capture layers between layer 1 and layer {} of a {}-layer target; "
+               "give target.layer_ids explicitly", k, num_layers - 3, num_layers);
+  std::vector<int64_t> ids;
+  for (int64_t i = 0; i < k; ++i)
+    ids.push_back(int64_t(std::nearbyint(1.0 + double(i) * double(num_layers - 4) / double(k - 1))));
+  return ids;
+}
+
+std::vector<int64_t> resolve_layer_ids(const HfConfig& cfg, const std::vector<int64_t>& explicit_ids,
+                                       int64_t num_features, const std::string& what) {
+  if (explicit_ids.empty()) return default_layer_ids(cfg.num_hidden_layers, num_features);
+  for (size_t i = 0; i < explicit_ids.size(); ++i) {
+    if (explicit_ids[i] < 0 || explicit_ids[i] >= cfg.num_hidden_layers)
+      throw_user("{}: layer id {} is outside [0, {}) (num_hidden_layers of {})", what,
+                 explicit_ids[i], cfg.num_hidden_layers, cfg.path);
+    if (i && explicit_ids[i] <= explicit_ids[i - 1])
+      throw_user("{}: layer ids must be strictly increasing, got {} after {}", what,
+                 explicit_ids[i], explicit_ids[i - 1]);
+  }
+  return explicit_ids;
+}
+
+at::ScalarType resolve_dtype(const std::string& name, at::Device device, const std::string& what) {
+  if (name == "auto") return device.is_cuda() ? at::kBFloat16 : at::kFloat;
+  if (name == "bfloat16" || name == "bf16") return at::kBFloat16;
+  if (name == "float16" || name == "fp16" || name == "half") return at::kHalf;
+  if (name == "float32" || name == "fp32" || name == "float") return at::kFloat;
+  throw_user("{}: unknown dtype '{}' (auto, bfloat16, float16, float32)", what, name);
 }
 
 // ---- drafter side ----------------------------------------------------------------------------

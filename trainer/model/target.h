@@ -39,6 +39,13 @@ class TargetModel {
   static TargetModel load(const std::string& dir, at::ScalarType dtype, at::Device device,
                           const TargetLoadOptions& opts = {});
 
+  // A model with random weights (benchmarks, GPU tests): embedding and input-side linear
+  // weights ~ N(0, std^2); the residual-branch outputs (o_proj, down_proj) ~ N(0, std^2 / (2L))
+  // (GPT-2's scaled init, which keeps the residual stream from exploding over L layers); norm
+  // weights 1 + N(0, 0.1^2). Deterministic for a seed on one device type.
+  static TargetModel random(const HfConfig& cfg, at::ScalarType dtype, at::Device device,
+                            uint64_t seed, double std = 0.02);
+
   const HfConfig& config() const { return cfg_; }
   at::ScalarType dtype() const { return dtype_; }
   at::Device device() const { return device_; }
@@ -66,7 +73,7 @@ class TargetModel {
   std::vector<std::vector<int64_t>> generate(const std::vector<std::vector<int64_t>>& prompts,
                                              int64_t max_new_tokens, bool stop_at_eos) const;
 
-  // The layers' weights (fused), for tests and benchmarks.
+  // The weights (fused), for tests, benchmarks and checkpoint writers.
   struct Layer {
     at::Tensor input_norm, post_norm;  // [H]
     at::Tensor q_norm, k_norm;         // [head_dim] (qwen3 only)
@@ -75,6 +82,11 @@ class TargetModel {
     at::Tensor w_gate_up;              // [2 I, H]
     at::Tensor w_down;                 // [H, I]
   };
+
+  const std::vector<Layer>& layers() const { return layers_; }
+  const at::Tensor& embed_tokens() const { return embed_; }
+  const at::Tensor& final_norm() const { return norm_; }
+  const at::Tensor& lm_head() const { return lm_head_; }
 
  private:
   struct Pass;
@@ -101,6 +113,21 @@ struct TargetEmbeddings {
 };
 TargetEmbeddings load_target_embeddings(const std::string& dir, at::ScalarType dtype,
                                         at::Device device);
+
+// DFLASH.md §1.1's default capture ids for a target of `num_layers` layers: k == 1 -> {L / 2};
+// else round(1 + i (L - 4) / (k - 1)), i = 0..k-1 (round half to even, as Python's round).
+// Qwen3-8B (36 layers, k = 5): [1, 9, 17, 25, 33].
+std::vector<int64_t> default_layer_ids(int64_t num_layers, int64_t k);
+
+// The capture ids of a run: `explicit_ids` if non-empty (validated: strictly increasing,
+// inside [0, num_hidden_layers)), else default_layer_ids(num_hidden_layers, num_features).
+// UserError naming `what` (the config key) otherwise.
+std::vector<int64_t> resolve_layer_ids(const HfConfig& cfg, const std::vector<int64_t>& explicit_ids,
+                                       int64_t num_features, const std::string& what = "target.layer_ids");
+
+// "auto" (bf16 on CUDA, float32 on CPU), "bfloat16"/"bf16", "float16"/"fp16", "float32"/"fp32".
+at::ScalarType resolve_dtype(const std::string& name, at::Device device,
+                             const std::string& what = "target.dtype");
 
 // The safetensors names of a Hugging Face checkpoint of this config (decoder layers
 // [0, num_layers), plus norm/lm_head if asked), in a stable order.

@@ -1,0 +1,250 @@
+// dK/dV pass of the DFlash attention backward with Hopper warpgroup MMA (wgmma, sm_90a).
+//
+// Same work split as the mma.sync version in bwd.cu (one CTA = one warpgroup = 64 keys of one
+// (batch row, KV head), walking every (query head of the GQA group, 64-row query tile) that sees
+// the key tile), but all four matmuls read their shared-memory operands directly:
+//   S^T  = K Q^T      (A = K tile, B = Q tile, both K-major)          m64n64k16 x d/16
+//   dP^T = V dO^T     (A = V tile, B = dO tile, both K-major)         m64n64k16 x d/16
+//   dV  += P^T dO     (A = P^T from registers, B = dO tile N-major)   m64n{d}k16 x 4
+//   dK  += dS^T Q     (A = dS^T from registers, B = Q tile N-major)   m64n{d}k16 x 4
+// The Q and dO tiles serve as K-major operands for the first two and as N-major operands for the
+// last two (same bytes, different descriptors). Tiles use the 128-byte swizzle (wgmma.cuh).
+// On other architectures the kernel is compiled empty and never launched (launch_attn_bwd checks
+// the device).
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "attention/kernel.h"
+#include "attention/kernel/common.cuh"
+#include "attention/kernel/wgmma.cuh"
+
+namespace dflash::attention {
+namespace {
+
+using bf16 = __nv_bfloat16;
+using namespace dev;
+
+constexpr int kWgThreads = 128;
+
+
+template <int D>
+struct DkvWgSmem {
+  static constexpr int kTile = kTileQ * D * 2;  // Q, dO, K or V tile (64 rows)
+  static constexpr int kStage = 2 * kTile + kTileQ * 16 + 2 * kTileQ * 4;
+  static constexpr int kStageAligned = (kStage + 1023) / 1024 * 1024;
+  static constexpr int kBytes = 1024 + 2 * kTile + 2 * kStageAligned;  // +1024: base alignment
+};
+
+// dpt/dk fragments: wgmma's accumulator layout per warp equals mma.sync's C layout over n-tiles.
+template <int D>
+__device__ __forceinline__ void wgmma_dkv(float (&d)[D / 8][4], const uint32_t (&a)[4], uint64_t db) {
+  if constexpr (D == 128) wgmma_rs_n128_tb(d, a, db, 1);
+  else wgmma_rs_n64_tb(d, a, db, 1);
+}
+
+template <int D>
+__global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dkv_wgmma_kernel(const AttnParams p) {
+#ifdef DFLASH_WGMMA
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  using S = DkvWgSmem<D>;
+  const uint32_t raw = smem_u32(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  unsigned char* gbase = smem_raw + (base - raw);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int nqt = p.meta.nqt, nkt = p.meta.nkt;
+  const int kt = (int)blockIdx.x;
+  const int hk = blockIdx.y, b = blockIdx.z;
+  const int G = p.Hq / p.Hkv;
+  const int n0 = kt * kTileK;
+  const bf16* k = static_cast<const bf16*>(p.k) + b * p.k_sb + hk * p.k_sh;
+  const bf16* v = static_cast<const bf16*>(p.v) + b * p.v_sb + hk * p.v_sh;
+
+  const int2 kr = reinterpret_cast<const int2*>(p.meta.ktiles)[(int64_t)b * nkt + kt];
+  const int4* qtiles = reinterpret_cast<const int4*>(p.meta.qtiles) + (int64_t)b * nqt;
+  const int4* rows = reinterpret_cast<const int4*>(p.meta.rows) + (int64_t)b * nqt * kTileQ;
+  const int nitems = (kr.y - kr.x) * G;
+  auto valid = [&](int i) {
+    const int4 tq = qtiles[kr.x + i / G];
+    return (tq.x < n0 + kTileK && tq.y > n0 && tq.y > tq.x) ||
+           (tq.z < n0 + kTileK && tq.w > n0 && tq.w > tq.z);
+  };
+  auto next_item = [&](int i) {
+    while (i < nitems && !valid(i)) ++i;
+    return i;
+  };
+
+  const uint32_t sK = base, sV = base + S::kTile, sStage0 = base + 2 * S::kTile;
+  unsigned char* stage_ptr0 = gbase + 2 * S::kTile;
+
+  auto load_item = [&](int i, int buf) {
+    const int qt = kr.x + i / G, h = hk * G + i % G;
+    const int m0 = qt * kTileQ;
+    const uint32_t st = sStage0 + buf * S::kStageAligned;
+    load_tile_w<kTileQ, D, kWgThreads>(st, static_cast<const bf16*>(p.q) + b * p.q_sb + h * p.q_sh, p.q_sr, m0,
+                           p.q_len, tid);
+    load_tile_w<kTileQ, D, kWgThreads>(st + S::kTile, static_cast<const bf16*>(p.dout) + b * p.do_sb + h * p.do_sh,
+                           p.do_sr, m0, p.q_len, tid);
+    const uint32_t sRows = st + 2 * S::kTile, sL = sRows + kTileQ * 16, sD = sL + kTileQ * 4;
+    const int64_t lo = ((int64_t)b * p.Hq + h) * p.q_len;
+    if (tid < kTileQ) {
+      cp_async16(sRows + tid * 16, rows + m0 + tid, true);
+      const bool ok = m0 + tid < p.q_len;
+      cp_async4(sL + tid * 4, p.lse + (ok ? lo + m0 + tid : 0), ok);
+    } else {
+      const int r = tid - kTileQ;
+      const bool ok = m0 + r < p.q_len;
+      cp_async4(sD + r * 4, p.delta + (ok ? lo + m0 + r : 0), ok);
+    }
+  };
+
+  load_tile_w<kTileK, D, kWgThreads>(sK, k, p.k_sr, n0, p.kv_len, tid);
+  load_tile_w<kTileK, D, kWgThreads>(sV, v, p.v_sr, n0, p.kv_len, tid);
+  int item = next_item(0);
+  if (item < nitems) load_item(item, 0);
+  cp_async_commit();
+
+  const int g = lane >> 2, t4 = lane & 3;
+  const int keyA = n0 + warp * 16 + g, keyB = keyA + 8;
+  const float sl2 = p.scale * kLog2e;
+  float dk[D / 8][4], dv[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i)
+    dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.f;
+
+  int buf = 0;
+  while (item < nitems) {
+    const int nxt = next_item(item + 1);
+    if (nxt < nitems) load_item(nxt, buf ^ 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+    fence_proxy_async();
+    __syncthreads();
+    const uint32_t sQ = sStage0 + buf * S::kStageAligned, sdO = sQ + S::kTile;
+    const unsigned char* stp = stage_ptr0 + buf * S::kStageAligned + 2 * S::kTile;
+    const int4* sRows = reinterpret_cast<const int4*>(stp);
+    const float* sL = reinterpret_cast<const float*>(stp + kTileQ * 16);
+    const float* sD = sL + kTileQ;
+
+    float st[8][4], dpt[8][4];
+    reg_fence(dk);
+    reg_fence(dv);
+    wg_fence();
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks)
+      wgmma_ss_n64(st, desc_k<kTileK>(sK, ks), desc_k<kTileQ>(sQ, ks), ks > 0);
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks)
+      wgmma_ss_n64(dpt, desc_k<kTileK>(sV, ks), desc_k<kTileQ>(sdO, ks), ks > 0);
+    wg_commit();
+    wg_wait<0>();
+    reg_fence(st);
+    reg_fence(dpt);
+
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int ql = j * 8 + 2 * t4 + e;
+        const int4 rm = sRows[ql];
+        const float l2 = sL[ql] * kLog2e, dl = sD[ql];
+        const float pa = visible(rm, keyA) ? ex2(st[j][e] * sl2 - l2) : 0.f;
+        const float pb = visible(rm, keyB) ? ex2(st[j][2 + e] * sl2 - l2) : 0.f;
+        st[j][e] = pa;
+        st[j][2 + e] = pb;
+        dpt[j][e] = pa * (dpt[j][e] - dl);
+        dpt[j][2 + e] = pb * (dpt[j][2 + e] - dl);
+      }
+    }
+    uint32_t pa[4][4], da[4][4];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      acc_to_a(st[2 * kk], st[2 * kk + 1], pa[kk]);
+      acc_to_a(dpt[2 * kk], dpt[2 * kk + 1], da[kk]);
+    }
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wgmma_dkv<D>(dv, pa[kk], desc_mn<kTileQ>(sdO, kk));
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wgmma_dkv<D>(dk, da[kk], desc_mn<kTileQ>(sQ, kk));
+    wg_commit();
+    wg_wait<0>();
+    reg_fence(dk);
+    reg_fence(dv);
+    __syncthreads();
+    item = nxt;
+    buf ^= 1;
+  }
+  cp_async_wait<0>();
+
+  bf16* dko = static_cast<bf16*>(p.dk) + b * p.dk_sb + hk * p.dk_sh;
+  bf16* dvo = static_cast<bf16*>(p.dv) + b * p.dv_sb + hk * p.dv_sh;
+  if (keyA < p.kv_len) {
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      store_bf16x2(dko + (int64_t)keyA * p.dk_sr + i * 8 + 2 * t4, dk[i][0] * p.scale, dk[i][1] * p.scale);
+      store_bf16x2(dvo + (int64_t)keyA * p.dv_sr + i * 8 + 2 * t4, dv[i][0], dv[i][1]);
+    }
+  }
+  if (keyB < p.kv_len) {
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      store_bf16x2(dko + (int64_t)keyB * p.dk_sr + i * 8 + 2 * t4, dk[i][2] * p.scale, dk[i][3] * p.scale);
+      store_bf16x2(dvo + (int64_t)keyB * p.dv_sr + i * 8 + 2 * t4, dv[i][2], dv[i][3]);
+    }
+  }
+#endif
+}
+
+template <int D>
+void run(const AttnParams& p, cudaStream_t s) {
+  constexpr int smem = DkvWgSmem<D>::kBytes;
+  cudaFuncSetAttribute(attn_bwd_dkv_wgmma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  attn_bwd_dkv_wgmma_kernel<D><<<dim3(p.meta.nkt, p.Hkv, p.B), kWgThreads, smem, s>>>(p);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess)
+    throw std::runtime_error(std::string("dflash attention backward: launch of dkv (wgmma) failed: ") +
+                             cudaGetErrorString(e));
+}
+
+}  // namespace
+
+namespace {
+__global__ void wgmma_probe_kernel(int* out) {
+#ifdef DFLASH_WGMMA
+  *out = 1;
+#else
+  *out = 0;
+#endif
+}
+}  // namespace
+
+// True when the current device is sm_90 and this binary carries the sm_90a (wgmma) code for it.
+// Probed once per process (one tiny launch and a 4-byte copy).
+bool wgmma_supported() {
+  static const bool ok = [] {
+    int dev = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) return false;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+    if (major != 9 || minor != 0) return false;
+    int* d = nullptr;
+    int h = 0;
+    if (cudaMalloc(&d, sizeof(int)) != cudaSuccess) return false;
+    wgmma_probe_kernel<<<1, 1>>>(d);
+    const bool good = cudaGetLastError() == cudaSuccess &&
+                      cudaMemcpy(&h, d, sizeof(int), cudaMemcpyDeviceToHost) == cudaSuccess;
+    cudaFree(d);
+    return good && h == 1;
+  }();
+  return ok;
+}
+
+void launch_dkv_wgmma(const AttnParams& p, void* stream) {
+  auto s = static_cast<cudaStream_t>(stream);
+  if (p.d == 128) run<128>(p, s);
+  else run<64>(p, s);
+}
+
+}  // namespace dflash::attention

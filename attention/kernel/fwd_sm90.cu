@@ -1,0 +1,358 @@
+// Forward and dQ pass of the DFlash attention with Hopper warpgroup MMA (wgmma, sm_90a).
+//
+// Same schedule as the mma.sync forward in fwd.cu (one CTA per 64-row query tile of one (batch
+// row, query head), walking the tile's context key range then its own-block key range in 64-key
+// steps, online softmax in base 2), with one warpgroup (4 warps x 16 rows) and:
+//   S  = Q K^T   (A = Q tile, B = K tile, both K-major in shared memory)   m64n64k16 x d/16
+//   O += P V     (A = P from registers, B = V tile N-major)               m64n{d}k16 x 4
+// Compiled empty on other architectures and never launched there (launch_attn_fwd checks).
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "attention/kernel.h"
+#include "attention/kernel/common.cuh"
+#include "attention/kernel/wgmma.cuh"
+
+namespace dflash::attention {
+namespace {
+
+using bf16 = __nv_bfloat16;
+using namespace dev;
+
+constexpr int kWgThreads = 128;
+
+template <int D>
+struct FwdWgSmem {
+  static constexpr int kTile = kTileQ * D * 2;  // == kTileK * D * 2
+  static constexpr int kBytes = 1024 + 5 * kTile;  // Q, K x2, V x2 (+1024: base alignment)
+};
+
+template <int D>
+__device__ __forceinline__ void wgmma_pv(float (&o)[D / 8][4], const uint32_t (&a)[4], uint64_t db) {
+  if constexpr (D == 128) wgmma_rs_n128_tb(o, a, db, 1);
+  else wgmma_rs_n64_tb(o, a, db, 1);
+}
+
+template <int D>
+__global__ void __launch_bounds__(kWgThreads, 2) attn_fwd_wgmma_kernel(const AttnParams p) {
+#ifdef DFLASH_WGMMA
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  using S = FwdWgSmem<D>;
+  const uint32_t raw = smem_u32(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int nqt = p.meta.nqt;
+  const int qt = nqt - 1 - (int)blockIdx.x;  // heavy (late-anchor) tiles first when sorted
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int hk = h / (p.Hq / p.Hkv);
+  const int m0 = qt * kTileQ;
+  const bf16* q = static_cast<const bf16*>(p.q) + b * p.q_sb + h * p.q_sh;
+  const bf16* k = static_cast<const bf16*>(p.k) + b * p.k_sb + hk * p.k_sh;
+  const bf16* v = static_cast<const bf16*>(p.v) + b * p.v_sb + hk * p.v_sh;
+
+  const int4 tq = reinterpret_cast<const int4*>(p.meta.qtiles)[(int64_t)b * nqt + qt];
+  const int n1 = tq.y > tq.x ? (tq.y - tq.x + kTileK - 1) / kTileK : 0;
+  const int n2 = tq.w > tq.z ? (tq.w - tq.z + kTileK - 1) / kTileK : 0;
+  const int ntiles = n1 + n2;
+  auto tile_start = [&](int t) { return t < n1 ? tq.x + t * kTileK : tq.z + (t - n1) * kTileK; };
+
+  const uint32_t sQ = base, sK0 = base + S::kTile, sV0 = base + 3 * S::kTile;
+  load_tile_w<kTileQ, D, kWgThreads>(sQ, q, p.q_sr, m0, p.q_len, tid);
+  if (ntiles > 0) {
+    const int n0 = tile_start(0);
+    load_tile_w<kTileK, D, kWgThreads>(sK0, k, p.k_sr, n0, p.kv_len, tid);
+    load_tile_w<kTileK, D, kWgThreads>(sV0, v, p.v_sr, n0, p.kv_len, tid);
+  }
+  cp_async_commit();
+
+  const int g = lane >> 2, t4 = lane & 3;
+  const int ra = m0 + warp * 16 + g, rb = ra + 8;
+  const int4* rows = reinterpret_cast<const int4*>(p.meta.rows) + (int64_t)b * nqt * kTileQ;
+  const int4 rowA = rows[ra], rowB = rows[rb];
+
+  const float sl2 = p.scale * kLog2e;
+  float o[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float mA = -INFINITY, mB = -INFINITY, lA = 0.f, lB = 0.f;
+
+  for (int t = 0; t < ntiles; ++t) {
+    const int buf = t & 1;
+    if (t + 1 < ntiles) {
+      const int n0n = tile_start(t + 1);
+      load_tile_w<kTileK, D, kWgThreads>(sK0 + (buf ^ 1) * S::kTile, k, p.k_sr, n0n, p.kv_len, tid);
+      load_tile_w<kTileK, D, kWgThreads>(sV0 + (buf ^ 1) * S::kTile, v, p.v_sr, n0n, p.kv_len, tid);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    fence_proxy_async();
+    __syncthreads();
+    const uint32_t sK = sK0 + buf * S::kTile, sV = sV0 + buf * S::kTile;
+    const int n0 = tile_start(t);
+    const bool ctx = t < n1;
+
+    float s[8][4];
+    wg_fence();
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks)
+      wgmma_ss_n64(s, desc_k<kTileQ>(sQ, ks), desc_k<kTileK>(sK, ks), ks > 0);
+    wg_commit();
+    wg_wait<0>();
+    reg_fence(s);
+
+    const bool full = ctx && n0 >= rowA.x && n0 + kTileK <= rowA.y && n0 >= rowB.x &&
+                      n0 + kTileK <= rowB.y;
+    if (!__all_sync(0xffffffffu, full)) {
+      const int lo_a = ctx ? rowA.x : rowA.z, hi_a = ctx ? rowA.y : rowA.w;
+      const int lo_b = ctx ? rowB.x : rowB.z, hi_b = ctx ? rowB.y : rowB.w;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int key = n0 + j * 8 + 2 * t4 + e;
+          if (!(key >= lo_a && key < hi_a)) s[j][e] = -INFINITY;
+          if (!(key >= lo_b && key < hi_b)) s[j][2 + e] = -INFINITY;
+        }
+      }
+    }
+    float mxA = mA, mxB = mB;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      mxA = fmaxf(mxA, fmaxf(s[j][0], s[j][1]));
+      mxB = fmaxf(mxB, fmaxf(s[j][2], s[j][3]));
+    }
+    mxA = fmaxf(mxA, __shfl_xor_sync(0xffffffffu, mxA, 1));
+    mxA = fmaxf(mxA, __shfl_xor_sync(0xffffffffu, mxA, 2));
+    mxB = fmaxf(mxB, __shfl_xor_sync(0xffffffffu, mxB, 1));
+    mxB = fmaxf(mxB, __shfl_xor_sync(0xffffffffu, mxB, 2));
+    const float uA = mxA == -INFINITY ? 0.f : mxA * sl2;
+    const float uB = mxB == -INFINITY ? 0.f : mxB * sl2;
+    const float cA = ex2(mA * sl2 - uA), cB = ex2(mB * sl2 - uB);
+    mA = mxA;
+    mB = mxB;
+    lA *= cA;
+    lB *= cB;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      s[j][0] = ex2(s[j][0] * sl2 - uA);
+      s[j][1] = ex2(s[j][1] * sl2 - uA);
+      s[j][2] = ex2(s[j][2] * sl2 - uB);
+      s[j][3] = ex2(s[j][3] * sl2 - uB);
+      lA += s[j][0] + s[j][1];
+      lB += s[j][2] + s[j][3];
+    }
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      o[i][0] *= cA;
+      o[i][1] *= cA;
+      o[i][2] *= cB;
+      o[i][3] *= cB;
+    }
+    uint32_t pa[4][4];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) acc_to_a(s[2 * kk], s[2 * kk + 1], pa[kk]);
+    reg_fence(o);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wgmma_pv<D>(o, pa[kk], desc_mn<kTileK>(sV, kk));
+    wg_commit();
+    wg_wait<0>();
+    reg_fence(o);
+    __syncthreads();
+  }
+  cp_async_wait<0>();
+
+  lA += __shfl_xor_sync(0xffffffffu, lA, 1);
+  lA += __shfl_xor_sync(0xffffffffu, lA, 2);
+  lB += __shfl_xor_sync(0xffffffffu, lB, 1);
+  lB += __shfl_xor_sync(0xffffffffu, lB, 2);
+  const float iA = lA > 0.f ? 1.f / lA : 0.f, iB = lB > 0.f ? 1.f / lB : 0.f;
+  bf16* out = static_cast<bf16*>(p.o) + b * p.o_sb + h * p.o_sh;
+  float* lse = p.lse + ((int64_t)b * p.Hq + h) * p.q_len;
+  if (ra < p.q_len) {
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i)
+      store_bf16x2(out + (int64_t)ra * p.o_sr + i * 8 + 2 * t4, o[i][0] * iA, o[i][1] * iA);
+    if (t4 == 0) lse[ra] = lA > 0.f ? (mA * sl2 + __log2f(lA)) * kLn2 : -INFINITY;
+  }
+  if (rb < p.q_len) {
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i)
+      store_bf16x2(out + (int64_t)rb * p.o_sr + i * 8 + 2 * t4, o[i][2] * iB, o[i][3] * iB);
+    if (t4 == 0) lse[rb] = lB > 0.f ? (mB * sl2 + __log2f(lB)) * kLn2 : -INFINITY;
+  }
+#endif
+}
+
+template <int D>
+void run(const AttnParams& p, cudaStream_t s) {
+  constexpr int smem = FwdWgSmem<D>::kBytes;
+  cudaFuncSetAttribute(attn_fwd_wgmma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  attn_fwd_wgmma_kernel<D><<<dim3(p.meta.nqt, p.Hq, p.B), kWgThreads, smem, s>>>(p);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess)
+    throw std::runtime_error(std::string("dflash attention forward (wgmma) launch failed: ") +
+                             cudaGetErrorString(e));
+}
+
+
+// ---- dQ pass of the backward (same schedule as attn_bwd_dq_kernel in bwd.cu) -----------------
+//   S  = Q K^T, dP = dO V^T   (A = Q / dO tile, B = K / V tile, K-major)    m64n64k16 x d/16 each
+//   dQ += dS K                (A = dS from registers, B = K tile N-major)   m64n{d}k16 x 4
+template <int D>
+struct DqWgSmem {
+  static constexpr int kTile = kTileQ * D * 2;
+  static constexpr int kBytes = 1024 + 6 * kTile;  // Q, dO, K x2, V x2
+};
+
+template <int D>
+__global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dq_wgmma_kernel(const AttnParams p) {
+#ifdef DFLASH_WGMMA
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  using S = DqWgSmem<D>;
+  const uint32_t raw = smem_u32(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int nqt = p.meta.nqt;
+  const int qt = nqt - 1 - (int)blockIdx.x;
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int hk = h / (p.Hq / p.Hkv);
+  const int m0 = qt * kTileQ;
+  const bf16* q = static_cast<const bf16*>(p.q) + b * p.q_sb + h * p.q_sh;
+  const bf16* dout = static_cast<const bf16*>(p.dout) + b * p.do_sb + h * p.do_sh;
+  const bf16* k = static_cast<const bf16*>(p.k) + b * p.k_sb + hk * p.k_sh;
+  const bf16* v = static_cast<const bf16*>(p.v) + b * p.v_sb + hk * p.v_sh;
+
+  const int4 tq = reinterpret_cast<const int4*>(p.meta.qtiles)[(int64_t)b * nqt + qt];
+  const int n1 = tq.y > tq.x ? (tq.y - tq.x + kTileK - 1) / kTileK : 0;
+  const int n2 = tq.w > tq.z ? (tq.w - tq.z + kTileK - 1) / kTileK : 0;
+  const int ntiles = n1 + n2;
+  auto tile_start = [&](int t) { return t < n1 ? tq.x + t * kTileK : tq.z + (t - n1) * kTileK; };
+
+  const uint32_t sQ = base, sdO = base + S::kTile, sK0 = base + 2 * S::kTile, sV0 = base + 4 * S::kTile;
+  load_tile_w<kTileQ, D, kWgThreads>(sQ, q, p.q_sr, m0, p.q_len, tid);
+  load_tile_w<kTileQ, D, kWgThreads>(sdO, dout, p.do_sr, m0, p.q_len, tid);
+  if (ntiles > 0) {
+    const int n0 = tile_start(0);
+    load_tile_w<kTileK, D, kWgThreads>(sK0, k, p.k_sr, n0, p.kv_len, tid);
+    load_tile_w<kTileK, D, kWgThreads>(sV0, v, p.v_sr, n0, p.kv_len, tid);
+  }
+  cp_async_commit();
+
+  const int g = lane >> 2, t4 = lane & 3;
+  const int ra = m0 + warp * 16 + g, rb = ra + 8;
+  const int4* rows = reinterpret_cast<const int4*>(p.meta.rows) + (int64_t)b * nqt * kTileQ;
+  const int4 rowA = rows[ra], rowB = rows[rb];
+  const float* lse = p.lse + ((int64_t)b * p.Hq + h) * p.q_len;
+  const float* delta = p.delta + ((int64_t)b * p.Hq + h) * p.q_len;
+  const float lA = ra < p.q_len ? lse[ra] * kLog2e : 0.f, lB = rb < p.q_len ? lse[rb] * kLog2e : 0.f;
+  const float dA = ra < p.q_len ? delta[ra] : 0.f, dB = rb < p.q_len ? delta[rb] : 0.f;
+  const float sl2 = p.scale * kLog2e;
+
+  float dq[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
+
+  for (int t = 0; t < ntiles; ++t) {
+    const int buf = t & 1;
+    if (t + 1 < ntiles) {
+      const int n0n = tile_start(t + 1);
+      load_tile_w<kTileK, D, kWgThreads>(sK0 + (buf ^ 1) * S::kTile, k, p.k_sr, n0n, p.kv_len, tid);
+      load_tile_w<kTileK, D, kWgThreads>(sV0 + (buf ^ 1) * S::kTile, v, p.v_sr, n0n, p.kv_len, tid);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();
+    fence_proxy_async();
+    __syncthreads();
+    const uint32_t sK = sK0 + buf * S::kTile, sV = sV0 + buf * S::kTile;
+    const int n0 = tile_start(t);
+    const bool ctx = t < n1;
+
+    float s[8][4], dp[8][4];
+    wg_fence();
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks)
+      wgmma_ss_n64(s, desc_k<kTileQ>(sQ, ks), desc_k<kTileK>(sK, ks), ks > 0);
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks)
+      wgmma_ss_n64(dp, desc_k<kTileQ>(sdO, ks), desc_k<kTileK>(sV, ks), ks > 0);
+    wg_commit();
+    wg_wait<0>();
+    reg_fence(s);
+    reg_fence(dp);
+
+    const bool full = ctx && n0 >= rowA.x && n0 + kTileK <= rowA.y && n0 >= rowB.x &&
+                      n0 + kTileK <= rowB.y;
+    const bool all_full = __all_sync(0xffffffffu, full);
+    const int lo_a = ctx ? rowA.x : rowA.z, hi_a = ctx ? rowA.y : rowA.w;
+    const int lo_b = ctx ? rowB.x : rowB.z, hi_b = ctx ? rowB.y : rowB.w;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int key = n0 + j * 8 + 2 * t4 + e;
+        const bool va = all_full || (key >= lo_a && key < hi_a);
+        const bool vb = all_full || (key >= lo_b && key < hi_b);
+        const float pa = va ? ex2(s[j][e] * sl2 - lA) : 0.f;
+        const float pb = vb ? ex2(s[j][2 + e] * sl2 - lB) : 0.f;
+        s[j][e] = pa * (dp[j][e] - dA);
+        s[j][2 + e] = pb * (dp[j][2 + e] - dB);
+      }
+    }
+    uint32_t da[4][4];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) acc_to_a(s[2 * kk], s[2 * kk + 1], da[kk]);
+    reg_fence(dq);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wgmma_pv<D>(dq, da[kk], desc_mn<kTileK>(sK, kk));
+    wg_commit();
+    wg_wait<0>();
+    reg_fence(dq);
+    __syncthreads();
+  }
+  cp_async_wait<0>();
+
+  bf16* dqo = static_cast<bf16*>(p.dq) + b * p.dq_sb + h * p.dq_sh;
+  if (ra < p.q_len) {
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i)
+      store_bf16x2(dqo + (int64_t)ra * p.dq_sr + i * 8 + 2 * t4, dq[i][0] * p.scale, dq[i][1] * p.scale);
+  }
+  if (rb < p.q_len) {
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i)
+      store_bf16x2(dqo + (int64_t)rb * p.dq_sr + i * 8 + 2 * t4, dq[i][2] * p.scale, dq[i][3] * p.scale);
+  }
+#endif
+}
+
+template <int D>
+void run_dq(const AttnParams& p, cudaStream_t s) {
+  constexpr int smem = DqWgSmem<D>::kBytes;
+  cudaFuncSetAttribute(attn_bwd_dq_wgmma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  attn_bwd_dq_wgmma_kernel<D><<<dim3(p.meta.nqt, p.Hq, p.B), kWgThreads, smem, s>>>(p);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess)
+    throw std::runtime_error(std::string("dflash attention backward: launch of dq (wgmma) failed: ") +
+                             cudaGetErrorString(e));
+}
+
+}  // namespace
+
+void launch_dq_wgmma(const AttnParams& p, void* stream) {
+  auto s = static_cast<cudaStream_t>(stream);
+  if (p.d == 128) run_dq<128>(p, s);
+  else run_dq<64>(p, s);
+}
+
+
+void launch_fwd_wgmma(const AttnParams& p, void* stream) {
+  auto s = static_cast<cudaStream_t>(stream);
+  if (p.d == 128) run<128>(p, s);
+  else run<64>(p, s);
+}
+
+}  // namespace dflash::attention

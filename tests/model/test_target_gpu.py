@@ -1,0 +1,153 @@
+"""GPU: the C++ target forward in bf16 against transformers on the same GPU (Qwen3-8B shapes).
+
+Skipped without CUDA. The checkpoint (Qwen3-8B shapes, 36 layers, random bf16 weights) comes
+from DFLASH_TARGET_GPU_CKPT, or is written by `target_bench write-checkpoint` into a temporary
+directory. Three documents of different lengths are packed into one stream for dflash
+(layer ids 1, 9, 17, 25, 33); transformers runs each document alone.
+
+Error measures per captured layer: fro(a, b) = ||a - b||_2 / ||b||_2 over all elements, and
+maxn(a, b) = max|a - b| / max|b|. Pass criteria:
+1. fro(dflash, transformers-bf16) < 1e-2 (the issue's bar). Two bf16 implementations round at
+   different points (fused vs separate norms, RoPE in fp32 vs bf16, GEMM epilogues; bf16 has 8
+   mantissa bits, ~4e-3 per rounding), and a deep random network amplifies such differences;
+   the norm-wise error (as METHOD.md recommends for bf16) measures that noise, 1e-2 is its bf16
+   band, and any real defect (wrong RoPE, mask, norm, head layout) gives errors of order 1.
+2. transformers in float32 is the gold: maxn(dflash, gold) <= 1.5 * maxn(transformers-bf16,
+   gold) + 1e-3, i.e. dflash rounds no worse than transformers does, in the strict max-norm.
+(A first run on an H200 with unscaled random init, 2026-11-29, measured maxn(transformers-bf16,
+gold) of 1.5e-2 at layer 1 growing to 5.6e-2 at layer 33, dflash 1.2e-2 .. 4.5e-2: a max-norm
+bar of 1e-2 against transformers-bf16 cannot hold for any implementation that is not bit-exact
+with it on such weights; the random model now uses GPT-2's scaled init for o_proj/down_proj.)
+"""
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+BUILD = Path(os.environ.get("DFLASH_BUILD_DIR", "build"))
+LAYER_IDS = [1, 9, 17, 25, 33]
+DOC_LENS = [1500, 2048, 517]
+
+
+def maxn(a, b):
+    return ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
+
+
+def fro(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    d = os.environ.get("DFLASH_TARGET_GPU_CKPT")
+    if d and (Path(d) / "config.json").exists():
+        return Path(d)
+    d = tmp_path_factory.mktemp("q8b")
+    subprocess.run([str(BUILD / "bench" / "target_bench"), "write-checkpoint", str(d)], check=True)
+    return d
+
+
+def hf_captures(d, dtype, docs):
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(d, dtype=dtype).cuda().eval()
+    model.model.layers = model.model.layers[: LAYER_IDS[-1] + 1]  # truncated, as dflash runs
+    outs = {}
+    hooks = [model.model.layers[i].register_forward_hook(
+        lambda m, inp, o, i=i: outs.__setitem__(i, (o[0] if isinstance(o, tuple) else o)[0].float().cpu()))
+        for i in LAYER_IDS]
+    res = []
+    with torch.inference_mode():
+        for doc in docs:
+            outs.clear()
+            model.model(input_ids=doc[None].cuda())
+            res.append(torch.cat([outs[i] for i in LAYER_IDS], dim=-1))
+    for h in hooks:
+        h.remove()
+    del model
+    torch.cuda.empty_cache()
+    return torch.cat(res)
+
+
+def test_capture_matches_transformers_bf16(ckpt, tmp_path):
+    from safetensors.torch import load_file
+    g = torch.Generator().manual_seed(5)
+    docs = [torch.randint(0, 151936, (n,), generator=g) for n in DOC_LENS]
+    ids = torch.cat(docs)
+    cu = [0]
+    for n in DOC_LENS:
+        cu.append(cu[-1] + n)
+    r = subprocess.run([str(BUILD / "tests" / "model" / "target_tool"), "dump", "--model", str(ckpt),
+                        "--ids", ",".join(map(str, ids.tolist())), "--cu", ",".join(map(str, cu)),
+                        "--layers", ",".join(map(str, LAYER_IDS)), "--capture-only",
+                        "--num-layers", str(LAYER_IDS[-1] + 1), "--device", "cuda", "--dtype", "bf16",
+                        "--out", str(tmp_path / "ours.safetensors")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    print(r.stderr.strip())
+    ours = load_file(tmp_path / "ours.safetensors")["captured"].float()
+    hf16 = hf_captures(ckpt, torch.bfloat16, docs)
+    gold = hf_captures(ckpt, torch.float32, docs)
+    H = 4096
+    print(f"{'layer':>5} {'fro dfl/hf16':>13} {'maxn dfl/hf16':>14} {'maxn dfl/fp32':>14} "
+          f"{'maxn hf16/fp32':>15} {'fro hf16/fp32':>14} {'max|ref|':>9}")
+    failures = []
+    for k, i in enumerate(LAYER_IDS):
+        sl = slice(k * H, (k + 1) * H)
+        o, h, gd = ours[:, sl], hf16[:, sl], gold[:, sl]
+        f16, m16, mg, hg = fro(o, h), maxn(o, h), maxn(o, gd), maxn(h, gd)
+        print(f"{i:>5} {f16:>13.2e} {m16:>14.2e} {mg:>14.2e} {hg:>15.2e} {fro(h, gd):>14.2e} "
+              f"{gd.abs().max().item():>9.3g}")
+        if not (f16 < 1e-2):
+            failures.append(f"layer {i}: fro(dflash, transformers-bf16) {f16:.3g} >= 1e-2")
+        if not (mg <= 1.5 * hg + 1e-3):
+            failures.append(f"layer {i}: maxn(dflash, fp32 gold) {mg:.3g} > 1.5 x transformers-bf16's {hg:.3g} + 1e-3")
+    assert not failures, failures
+
+
+@pytest.mark.parametrize("name", ["qwen3_gqa", "llama3_scaled"])
+def test_tiny_fp32_forward_and_generation_on_cuda(tmp_path, name):
+    """The CUDA code paths (fused q/k-norm+RoPE and SiLU kernels, KV-cache decode) in float32
+    against transformers on the same GPU: states within 1e-4 (max-norm; TF32 is off on both
+    sides, so only summation order differs) and exactly the same 32 greedy tokens."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).parent))
+    import test_target as cpu
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+    d = cpu.build_model(name, tmp_path)
+    hf = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).cuda().eval()
+    docs = cpu.docs_for(hf.config.vocab_size, 1)
+    ids = torch.cat(docs)
+    cu = [0]
+    for doc in docs:
+        cu.append(cu[-1] + len(doc))
+    L = hf.config.num_hidden_layers
+    tool = str(BUILD / "tests" / "model" / "target_tool")
+    r = subprocess.run([tool, "dump", "--model", str(d), "--ids", cpu.ints(ids), "--cu", cpu.ints(cu),
+                        "--layers", cpu.ints(range(L)), "--device", "cuda", "--out", str(tmp_path / "o.safetensors")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    got = load_file(tmp_path / "o.safetensors")
+    ref = []
+    for doc in docs:
+        layers, _ = cpu.hf_layer_outputs(hf, doc.cuda())
+        ref.append(torch.cat(layers, dim=-1).cpu())
+    e = maxn(got["captured"], torch.cat(ref))
+    assert e < 1e-4, e
+    prompts = cpu.docs_for(hf.config.vocab_size, 2)
+    with torch.no_grad():
+        want = [hf.generate(p[None].cuda(), max_new_tokens=32, do_sample=False, eos_token_id=None,
+                            pad_token_id=0)[0, len(p):].tolist() for p in prompts]
+    r = subprocess.run([tool, "generate", "--model", str(d), "--prompts", ";".join(cpu.ints(p) for p in prompts),
+                        "--max-new", "32", "--device", "cuda"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    got_tokens = [[int(x) for x in line.split(",")] for line in r.stdout.strip().splitlines()]
+    assert got_tokens == want
+    # bf16 on CUDA (flash attention path): runs and gives 32 tokens per prompt.
+    r = subprocess.run([tool, "generate", "--model", str(d), "--prompts", ";".join(cpu.ints(p) for p in prompts),
+                        "--max-new", "32", "--device", "cuda", "--dtype", "bf16"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert [len(line.split(",")) for line in r.stdout.strip().splitlines()] == [32] * len(prompts)

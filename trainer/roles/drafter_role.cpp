@@ -1,0 +1,367 @@
+// The drafter side (roles.h): DrafterTrainer, the drafter loop and the colocated loop.
+#include <array>
+#include <cmath>
+#include <deque>
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "comm/error.h"
+#include "comm/log.h"
+#include "trainer/checkpoint/checkpoint.h"
+#include "trainer/checkpoint/files.h"
+#include "trainer/model/export.h"
+#include "trainer/model/target.h"
+#include "trainer/roles/roles.h"
+
+#ifdef DFLASH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+namespace dflash::roles {
+namespace {
+
+// Per-step sums, all-reduced (Sum) over the drafter group.
+enum Stat {
+  kLossSum,      // Σ per-batch loss
+  kCorrect,      // Σ argmax == label (w > 0)
+  kCount,        // Σ positions with w > 0
+  kTauSum,
+  kTauBlocks,
+  kTokens,       // tokens of the batches trained
+  kTargetBusy,   // Σ target busy seconds of those batches
+  kTargetWait,   // Σ target wait seconds reported with them
+  kDrafterWait,  // Σ seconds drafters waited for them
+  kCompute,      // Σ drafter forward+backward seconds
+  kBatches,
+  kFlops,
+  kNumStats
+};
+using Stats = std::array<double, kNumStats>;
+
+// Peak bf16 dense matmul FLOP/s of one GPU for MFU (H200/H100 SXM: 989.4 TFLOP/s).
+constexpr double kPeakFlops = 989.4e12;
+
+double peak_memory_gb(const at::Device& d) {
+#ifdef DFLASH_CUDA
+  if (d.is_cuda()) {
+    auto s = c10::cuda::CUDACachingAllocator::getDeviceStats(d.index());
+    return static_cast<double>(s.allocated_bytes[0].peak) / (1024.0 * 1024.0 * 1024.0);
+  }
+#else
+  (void)d;
+#endif
+  return metrics::peak_rss_gb();
+}
+
+std::vector<int64_t> to_vector(const at::Tensor& t) {
+  at::Tensor c = t.to(at::kCPU, at::kLong).contiguous();
+  return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+}
+
+// The batch as the target sent it: one row holding every document (the kernel path skips what a
+// block cannot see, so packing costs nothing there).
+model::DrafterBatch one_packed_row(const at::Tensor& ids, const at::Tensor& mask, std::vector<int64_t> cu,
+                                   const at::Tensor& features) {
+  model::DrafterBatch db;
+  db.ids = ids.reshape({1, -1});
+  db.loss_mask = mask.reshape({1, -1});
+  db.features = features.unsqueeze(0);
+  db.docs = {std::move(cu)};
+  return db;
+}
+
+// One row per document, right-padded to the longest (ids, mask and features 0). The reference
+// path builds a dense mask per row: (sum of per-document queries) x (longest document + own
+// row's blocks) instead of all queries x (all tokens + all blocks) for one packed row, i.e.
+// about D times less attention work and mask memory for D documents. The anchors are the same
+// either way (anchors.h counts documents over rows), so the loss is too.
+model::DrafterBatch one_row_per_document(const at::Tensor& ids, const at::Tensor& mask,
+                                         const std::vector<int64_t>& cu, const at::Tensor& features) {
+  const int64_t D = static_cast<int64_t>(cu.size()) - 1;
+  if (D <= 1) return one_packed_row(ids, mask, cu, features);
+  int64_t longest = 0;
+  for (int64_t d = 0; d < D; ++d) longest = std::max(longest, cu[d + 1] - cu[d]);
+  model::DrafterBatch db;
+  db.ids = at::zeros({D, longest}, ids.options());
+  db.loss_mask = at::zeros({D, longest}, mask.options());
+  db.features = at::zeros({D, longest, features.size(-1)}, features.options());
+  for (int64_t d = 0; d < D; ++d) {
+    const int64_t len = cu[d + 1] - cu[d];
+    db.ids[d].narrow(0, 0, len).copy_(ids.narrow(0, cu[d], len));
+    db.loss_mask[d].narrow(0, 0, len).copy_(mask.narrow(0, cu[d], len));
+    db.features[d].narrow(0, 0, len).copy_(features.narrow(0, cu[d], len));
+    db.docs.push_back({0, len});
+  }
+  return db;
+}
+
+}  // namespace
+
+struct DrafterTrainer::Impl {
+  const RoleContext& ctx;
+  const RunPlan& p;
+  const Config& cfg;
+  int64_t j;
+  int world_rank;
+  model::TargetEmbeddings emb;
+  std::unique_ptr<model::Drafter> drafter;
+  std::unique_ptr<optim::AdamW> opt;
+  optim::LrSchedule sched;
+  model::StepOptions sopt;
+  std::unique_ptr<metrics::MetricsLog> mlog;
+
+  Stats step{};
+  Stats interval{};
+  double interval_loss = 0;  // Σ over steps of the step's mean loss
+  int64_t interval_steps = 0;
+  double interval_start = 0, run_start = 0;
+  int64_t last_state = -1;
+  double last_lr = 0, last_gnorm = 0;
+
+  Impl(const RoleContext& c, int64_t jj, int wr) : ctx(c), p(c.plan), cfg(c.cfg), j(jj), world_rank(wr) {}
+  bool leader() const { return j == 0; }
+};
+
+DrafterTrainer::DrafterTrainer(const RoleContext& ctx, int64_t drafter_index, int world_rank)
+    : impl_(std::make_unique<Impl>(ctx, drafter_index, world_rank)) {
+  Impl& m = *impl_;
+  const RunPlan& p = m.p;
+  const double t0 = now_s();
+  m.emb = model::load_target_embeddings(m.cfg.target.model_dir, p.drafter_dtype, p.device);
+  m.drafter = std::make_unique<model::Drafter>(p.spec, p.device, p.drafter_dtype);
+  if (!m.cfg.drafter.init_from.empty()) {
+    model::load_drafter_weights(*m.drafter, m.cfg.drafter.init_from);
+  } else {
+    m.drafter->init_random(static_cast<uint64_t>(m.cfg.run.seed));
+  }
+  m.drafter->set_target_weights(m.emb.embed_tokens, m.emb.lm_head);
+  optim::AdamWOptions oo{m.cfg.train.beta1, m.cfg.train.beta2, m.cfg.train.eps, m.cfg.train.weight_decay};
+  m.opt = std::make_unique<optim::AdamW>(m.drafter->named_parameters(), oo);
+  m.sched = optim::LrSchedule::cosine(m.cfg.train.lr, m.cfg.train.warmup_ratio, p.total_steps);
+  if (p.resume) {
+    ckpt::load_rank_state(p.resume_dir, world_rank, m.opt.get(), p.resume->step);
+    log::info("drafter {}: resumed from {} (step {}, batch {})", m.j, p.resume_dir, p.resume->step,
+              p.resume->next_batch);
+  }
+  m.sopt.attention = m.cfg.drafter.attention == "kernel" ? attention::Backend::Kernel : attention::Backend::Reference;
+  if (m.cfg.drafter.attention != "kernel" && m.cfg.drafter.attention != "sdpa")
+    throw_user("config: drafter.attention = '{}', expected sdpa or kernel", m.cfg.drafter.attention);
+  m.sopt.num_anchors = m.cfg.drafter.num_anchors;
+  m.sopt.seed = static_cast<uint64_t>(m.cfg.run.seed);
+  m.sopt.gamma = p.gamma;
+  m.sopt.loss_chunk = m.cfg.drafter.loss_chunk;
+  const bool console_elsewhere = m.cfg.log.console_rank >= 0 && m.cfg.log.console_rank != world_rank;
+  m.mlog = std::make_unique<metrics::MetricsLog>(m.cfg.run.dir, m.leader(), console_elsewhere);
+  int64_t n_params = 0;
+  for (const auto& [n, t] : m.drafter->named_parameters()) n_params += t.numel();
+  log::info("drafter {}: {} parameters ({} layers, block {}, target layers [{}]) ready in {:.1f} s; steps {}..{} of {}",
+            m.j, n_params, p.spec.num_layers, p.spec.block_size, fmt::join(p.layer_ids, ", "), now_s() - t0,
+            p.start_step, p.total_steps, p.total_steps);
+  m.run_start = m.interval_start = now_s();
+}
+
+DrafterTrainer::~DrafterTrainer() = default;
+
+void DrafterTrainer::train_batch(int64_t k, const at::Tensor& ids, const at::Tensor& loss_mask,
+                                 const at::Tensor& cu_seqlens, const at::Tensor& features, const TargetStats& ts,
+                                 double wait_s) {
+  Impl& m = *impl_;
+  const double t0 = now_s();
+  model::DrafterBatch db = m.sopt.attention == attention::Backend::Reference
+                               ? one_row_per_document(ids, loss_mask, to_vector(cu_seqlens), features)
+                               : one_packed_row(ids, loss_mask, to_vector(cu_seqlens), features);
+  db.global_batch_index = k;
+  model::StepOutput out = m.drafter->forward(db, m.sopt);
+  if (!std::isfinite(out.loss_value))
+    throw std::runtime_error(fmt::format("drafter {}: the loss of batch {} is {}", m.j, k, out.loss_value));
+  (out.loss / static_cast<double>(m.p.grad_accum)).backward();
+  Stats& s = m.step;
+  s[kLossSum] += out.loss_value;
+  for (size_t i = 0; i < out.correct_per_pos.size(); ++i) {
+    s[kCorrect] += out.correct_per_pos[i];
+    s[kCount] += out.count_per_pos[i];
+  }
+  s[kTauSum] += out.tau_sum;
+  s[kTauBlocks] += static_cast<double>(out.tau_blocks);
+  s[kTokens] += static_cast<double>(ids.numel());
+  s[kTargetBusy] += ts.busy_s;
+  s[kTargetWait] += ts.wait_s;
+  s[kDrafterWait] += wait_s;
+  s[kBatches] += 1;
+  s[kFlops] += drafter_step_flops(m.p.spec, ids.numel(), out.n_blocks * m.p.spec.block_size);
+#ifdef DFLASH_CUDA
+  if (m.p.device.is_cuda()) c10::cuda::device_synchronize();  // honest compute time
+#endif
+  s[kCompute] += now_s() - t0;
+}
+
+void DrafterTrainer::finish_step(int64_t s) {
+  Impl& m = *impl_;
+  const RunPlan& p = m.p;
+  // Gradients: average over the drafter group (each rank's are already the mean over its
+  // grad_accum batches, so the result is the mean over the step's G batches).
+  if (m.ctx.comm && p.drafter_ranks > 1) {
+    std::vector<at::Tensor> grads;
+    for (const auto& [n, t] : m.drafter->named_parameters()) {
+      if (!t.grad().defined()) t.mutable_grad() = at::zeros_like(t);
+      grads.push_back(t.grad());
+    }
+    m.ctx.comm->all_reduce(*m.ctx.drafter_group, grads, comm::ReduceOp::Average, s * p.batches_per_step);
+    at::Tensor st = at::from_blob(m.step.data(), {kNumStats}, at::kDouble).to(m.ctx.comm->device());
+    std::vector<at::Tensor> v = {st};
+    m.ctx.comm->all_reduce(*m.ctx.drafter_group, v, comm::ReduceOp::Sum, s * p.batches_per_step);
+    at::Tensor back = v[0].to(at::kCPU).contiguous();
+    std::copy(back.data_ptr<double>(), back.data_ptr<double>() + kNumStats, m.step.begin());
+  }
+  m.last_lr = m.sched.at(s);
+  m.last_gnorm = m.opt->step(m.last_lr, m.cfg.train.grad_clip);
+  m.opt->zero_grad();
+  const int64_t done = s + 1;
+  if (s == p.start_step && m.ctx.comm) m.ctx.comm->set_timeout(m.cfg.comm.timeout_s);
+
+  for (int i = 0; i < kNumStats; ++i) m.interval[i] += m.step[i];
+  m.interval_loss += m.step[kLossSum] / std::max(1.0, m.step[kBatches]);
+  ++m.interval_steps;
+  m.step.fill(0.0);
+
+  const bool last = done == p.total_steps;
+  if (m.cfg.log.interval > 0 && (done % m.cfg.log.interval == 0 || last)) {
+    const double t = now_s(), wall = std::max(1e-9, t - m.interval_start);
+    const Stats& a = m.interval;
+    metrics::StepMetrics mm;
+    mm.step = done;
+    mm.total_steps = p.total_steps;
+    mm.batch = done * p.batches_per_step;
+    mm.epoch = p.data->locate(std::max<int64_t>(0, mm.batch - 1)).first;
+    mm.loss = m.interval_loss / static_cast<double>(m.interval_steps);
+    mm.accuracy = a[kCount] > 0 ? a[kCorrect] / a[kCount] : 0.0;
+    mm.tau = a[kTauBlocks] > 0 ? a[kTauSum] / a[kTauBlocks] : 1.0;
+    mm.lr = m.last_lr;
+    mm.grad_norm = m.last_gnorm;
+    mm.target_tok_s = a[kTargetBusy] > 0 ? static_cast<double>(p.target_ranks) * a[kTokens] / a[kTargetBusy] : 0.0;
+    mm.drafter_tok_s = a[kTokens] / wall;
+    mm.target_wait_s = a[kBatches] > 0 ? a[kTargetWait] / a[kBatches] : 0.0;
+    mm.drafter_wait_s = a[kDrafterWait] / (static_cast<double>(m.interval_steps) * static_cast<double>(p.drafter_ranks));
+    mm.mfu = p.device.is_cuda() ? a[kFlops] / (wall * static_cast<double>(p.drafter_ranks) * kPeakFlops) : -1.0;
+    mm.mem_gb = peak_memory_gb(p.device);
+    mm.elapsed_s = t - m.run_start;
+    m.mlog->write(mm);
+    m.interval.fill(0.0);
+    m.interval_loss = 0;
+    m.interval_steps = 0;
+    m.interval_start = t;
+  }
+
+  const auto& ck = m.cfg.checkpoint;
+  if (ck.state_every > 0 && (done % ck.state_every == 0 || last)) {
+    const std::string tmp = ckpt::state_tmp_dir(m.cfg.run.dir, done);
+    ckpt::write_rank_state(tmp, m.world_rank, done, m.leader() ? m.opt.get() : nullptr);
+    if (m.ctx.comm && p.drafter_ranks > 1) m.ctx.comm->barrier(m.ctx.drafter_group.get());
+    if (m.leader()) {
+      ckpt::StateMeta meta;
+      meta.step = done;
+      meta.next_batch = done * p.batches_per_step;
+      meta.total_steps = p.total_steps;
+      meta.sig = p.signature;
+      for (int64_t jj = 0; jj < p.drafter_ranks; ++jj)
+        meta.files.push_back(ckpt::rank_file(m.ctx.rank.schedule.drafter_rank(jj)));
+      meta.files.push_back(ckpt::kOptimizerFile);
+      meta.files.push_back(ckpt::kConfigFile);
+      ckpt::commit_state(m.cfg.run.dir, meta, to_yaml(m.cfg), ck.keep_last);
+      m.mlog->announce(fmt::format("step {}: training state written to {}", done, ckpt::state_dir(m.cfg.run.dir, done)));
+    }
+    m.last_state = done;
+  }
+  if (m.leader() && ck.export_every > 0 && done % ck.export_every == 0 && !last) {
+    files::make_dirs(m.cfg.run.dir + "/exports");
+    model::export_drafter(*m.drafter, ckpt::export_dir(m.cfg.run.dir, done));
+    m.mlog->announce(fmt::format("step {}: drafter exported to {}", done, ckpt::export_dir(m.cfg.run.dir, done)));
+  }
+}
+
+void DrafterTrainer::finish_run() {
+  Impl& m = *impl_;
+  if (!m.leader()) return;
+  files::make_dirs(m.cfg.run.dir + "/exports");
+  const std::string dir = ckpt::final_export_dir(m.cfg.run.dir);
+  model::export_drafter(*m.drafter, dir);
+  m.mlog->announce(fmt::format("training done: {} steps in {:.1f} s; drafter exported to {}", m.p.total_steps,
+                               now_s() - m.run_start, dir));
+}
+
+void run_drafter_role(const RoleContext& ctx) {
+  const RunPlan& p = ctx.plan;
+  const int rank = ctx.rank.id.rank;
+  const int64_t j = ctx.rank.schedule.drafter_index(rank);
+  DrafterTrainer trainer(ctx, j, rank);
+  std::vector<int64_t> mine;
+  for (int64_t s = p.start_step; s < p.total_steps; ++s)
+    for (int64_t k : p.drafter_step_batches(s, j)) mine.push_back(k);
+  const size_t depth = static_cast<size_t>(std::max<int64_t>(1, ctx.cfg.data.prefetch));
+  struct Pending {
+    int64_t k;
+    comm::HandlePtr handle;
+  };
+  std::deque<Pending> pending;
+  size_t next = 0;
+  auto post = [&] {
+    while (pending.size() < depth && next < mine.size()) {
+      const int64_t k = mine[next++];
+      pending.push_back({k, ctx.comm->irecv(ctx.rank.schedule.source_rank(k), k)});
+    }
+  };
+  post();
+  for (int64_t s = p.start_step; s < p.total_steps; ++s) {
+    for (int64_t k : p.drafter_step_batches(s, j)) {
+      DFLASH_CHECK(!pending.empty() && pending.front().k == k, "drafter {}: batch {} was not posted", j, k);
+      const double tw = now_s();
+      comm::Message msg = pending.front().handle->take();
+      const double wait = now_s() - tw;
+      pending.pop_front();
+      post();
+      if (msg.kind != kBatchMessage || msg.batch != k || msg.tensors.size() != kNumBatchTensors)
+        throw CommError(fmt::format("drafter {}: expected batch {} ({} tensors) from {}, got kind {} batch {} "
+                                          "with {} tensors",
+                                          j, k, kNumBatchTensors, comm::name_rank(ctx.rank.schedule.source_rank(k)),
+                                          msg.kind, msg.batch, msg.tensors.size()));
+      at::Tensor st = msg.tensors[4].to(at::kCPU, at::kDouble);
+      TargetStats ts{st[0].item<double>(), st[1].item<double>(), st[2].item<double>()};
+      trainer.train_batch(k, msg.tensors[0], msg.tensors[1], msg.tensors[2], msg.tensors[3], ts, wait);
+    }
+    trainer.finish_step(s);
+  }
+  trainer.finish_run();
+}
+
+void run_colocated(const RoleContext& ctx) {
+  const RunPlan& p = ctx.plan;
+  const int64_t last_layer = *std::max_element(p.layer_ids.begin(), p.layer_ids.end());
+  model::TargetLoadOptions lo;
+  lo.num_layers = last_layer + 1;
+  lo.lm_head = false;
+  model::TargetModel target = model::TargetModel::load(ctx.cfg.target.model_dir, p.target_dtype, p.device, lo);
+  DrafterTrainer trainer(ctx, 0, ctx.rank.id.rank);
+  for (int64_t s = p.start_step; s < p.total_steps; ++s) {
+    for (int64_t k : p.drafter_step_batches(s, 0)) {
+      const double t0 = now_s();
+      data::Batch b = p.data->batch(k);
+      at::Tensor ids = b.ids.to(p.device), cu = b.cu_seqlens.to(p.device), features;
+      {
+        c10::InferenceMode guard;
+        features = target.capture(ids, cu, p.layer_ids);
+      }
+      features = features.clone();  // a normal tensor: the drafter's autograd saves it
+      const double busy = now_s() - t0;
+      trainer.train_batch(k, ids, b.loss_mask.to(p.device), cu, features,
+                          TargetStats{static_cast<double>(b.num_tokens()), busy, 0.0}, 0.0);
+    }
+    trainer.finish_step(s);
+  }
+  trainer.finish_run();
+}
+
+}  // namespace dflash::roles

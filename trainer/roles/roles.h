@@ -1,0 +1,74 @@
+// The roles of a rank (internal to trainer/roles/): the target loop, the drafter loop and the
+// colocated loop, and the drafter-side trainer they share.
+//
+// Target loop (target index i of T): for its batches k = i, i+T, ... from the plan's start
+//   batch: read batch k, forward with capture, isend {ids, mask, cu_seqlens, features, stats}
+//   to drafter k mod D. Up to data.prefetch sends stay in flight, so the next batch is computed
+//   while the previous ones travel; the time spent waiting for a free slot is the target's
+//   wait time (the drafters are the bottleneck).
+// Drafter loop (drafter index j of D): irecvs for its next data.prefetch batches are always
+//   posted; per optimizer step it trains its grad_accum batches (k = s*G + a*D + j), averages
+//   gradients over the drafter group, clips, steps AdamW, logs, writes states and exports. The
+//   time spent waiting for a batch is the drafter's wait time (the targets are the bottleneck).
+// Both sides know the exact batch count (plan.total_batches), so nobody waits for a batch that
+//   will never come; a failure on any rank ends every rank through comm's fail_fast.
+// Thread-safety: each function runs on main's thread of its rank.
+#pragma once
+
+#include <chrono>
+#include <memory>
+
+#include "comm/communicator.h"
+#include "comm/selftest.h"
+#include "trainer/config.h"
+#include "trainer/metrics/metrics.h"
+#include "trainer/model/drafter.h"
+#include "trainer/optim/adamw.h"
+#include "trainer/roles/plan.h"
+
+namespace dflash::roles {
+
+struct RoleContext {
+  const Config& cfg;
+  const comm::RankContext& rank;
+  const RunPlan& plan;
+  comm::Communicator* comm = nullptr;          // null in a colocated run
+  std::shared_ptr<comm::Group> drafter_group;  // null in a colocated run
+};
+
+// Seconds since an arbitrary origin (steady clock).
+inline double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// What a target reports with each batch.
+struct TargetStats {
+  double tokens = 0, busy_s = 0, wait_s = 0;
+};
+
+// The drafter side of training: model, optimizer, per-step reduction, metrics, checkpoints.
+class DrafterTrainer {
+ public:
+  // drafter_index j in [0, D); world_rank names the rank file of its state.
+  DrafterTrainer(const RoleContext& ctx, int64_t drafter_index, int world_rank);
+  ~DrafterTrainer();
+
+  // Forward + backward of batch k (gradients accumulate, scaled by 1/grad_accum).
+  void train_batch(int64_t k, const at::Tensor& ids, const at::Tensor& loss_mask, const at::Tensor& cu_seqlens,
+                   const at::Tensor& features, const TargetStats& ts, double wait_s);
+  // Closes optimizer step s (0-based): reduce over the drafter group, clip, AdamW, metrics,
+  // state and export when due.
+  void finish_step(int64_t s);
+  // The final export (exports/final) and, if not just written, the final state.
+  void finish_run();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+void run_target_role(const RoleContext& ctx);
+void run_drafter_role(const RoleContext& ctx);
+void run_colocated(const RoleContext& ctx);
+
+}  // namespace dflash::roles

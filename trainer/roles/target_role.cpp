@@ -1,0 +1,90 @@
+// The target loop (roles.h) and the target-side pieces the colocated loop shares.
+#include <algorithm>
+#include <deque>
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+
+#include "comm/error.h"
+#include "comm/log.h"
+#include "trainer/model/target.h"
+#include "trainer/roles/roles.h"
+
+#ifdef DFLASH_CUDA
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+namespace dflash::roles {
+namespace {
+
+void sync_device(const at::Device& d) {
+#ifdef DFLASH_CUDA
+  if (d.is_cuda()) c10::cuda::device_synchronize();
+#else
+  (void)d;
+#endif
+}
+
+}  // namespace
+
+void run_target_role(const RoleContext& ctx) {
+  const RunPlan& p = ctx.plan;
+  const int64_t i = ctx.rank.schedule.target_index(ctx.rank.id.rank);
+  const int64_t T = p.target_ranks;
+  const int64_t last_layer = *std::max_element(p.layer_ids.begin(), p.layer_ids.end());
+  model::TargetLoadOptions lo;
+  lo.num_layers = last_layer + 1;  // capture stops after the last captured layer
+  lo.lm_head = false;
+  const double t_load = now_s();
+  model::TargetModel target = model::TargetModel::load(ctx.cfg.target.model_dir, p.target_dtype, p.device, lo);
+  const int64_t first_k = p.start_batch + ((i - p.start_batch % T) % T + T) % T;  // first own batch >= start
+  const int64_t count = first_k < p.total_batches ? (p.total_batches - 1 - first_k) / T + 1 : 0;
+  log::info("target {}: loaded {} layers of {} in {:.1f} s; {} batches to produce", i, lo.num_layers,
+            ctx.cfg.target.model_dir, now_s() - t_load, count);
+
+  const size_t depth = static_cast<size_t>(std::max<int64_t>(1, ctx.cfg.data.prefetch));
+  struct InFlight {
+    comm::HandlePtr handle;
+    comm::Message msg;  // keeps the tensors alive until the send completes
+  };
+  std::deque<InFlight> inflight;
+  double wait_acc = 0;
+  size_t sent = 0;
+  for (int64_t k = first_k; k < p.total_batches; k += T) {
+    const double t0 = now_s();
+    data::Batch b = p.data->batch(k);
+    comm::Message msg;
+    msg.kind = kBatchMessage;
+    msg.batch = k;
+    {
+      c10::InferenceMode guard;
+      at::Tensor ids = b.ids.to(p.device), cu = b.cu_seqlens.to(p.device);
+      at::Tensor features = target.capture(ids, cu, p.layer_ids);
+      sync_device(p.device);
+      msg.tensors = {ids, b.loss_mask.to(p.device), cu, features};
+    }
+    const double busy = now_s() - t0;
+    while (inflight.size() >= depth) {
+      const double tw = now_s();
+      inflight.front().handle->wait();
+      inflight.pop_front();
+      wait_acc += now_s() - tw;
+    }
+    // Complete sends that are already done (frees memory early; no waiting).
+    while (!inflight.empty() && inflight.front().handle->test()) inflight.pop_front();
+    at::Tensor stats = at::tensor({static_cast<double>(b.num_tokens()), busy, wait_acc}, at::kDouble).to(p.device);
+    msg.tensors.push_back(stats);
+    wait_acc = 0;
+    const int dest = ctx.rank.schedule.dest_rank(k);
+    inflight.push_back({ctx.comm->isend(dest, msg), msg});
+    // Start-up is over once the drafter has taken more than the first `depth` batches.
+    if (++sent == depth + 1) ctx.comm->set_timeout(ctx.cfg.comm.timeout_s);
+  }
+  while (!inflight.empty()) {
+    inflight.front().handle->wait();
+    inflight.pop_front();
+  }
+  log::info("target {}: all batches sent", i);
+}
+
+}  // namespace dflash::roles
