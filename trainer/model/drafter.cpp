@@ -300,9 +300,15 @@ const at::Tensor& Drafter::param(const std::string& name) const {
 
 void Drafter::load_param(const std::string& name, const at::Tensor& value) {
   const auto& p = param(name);
-  if (p.sizes() != value.sizes())
-    throw_user("drafter: parameter '{}' has {} elements in shape of rank {}, the value has rank {} ({} elements)",
-               name, p.numel(), p.dim(), value.dim(), value.numel());
+  if (p.sizes() != value.sizes()) {
+    auto dims = [](at::IntArrayRef a) {
+      std::string s = "[";
+      for (size_t i = 0; i < a.size(); ++i) s += (i ? ", " : "") + std::to_string(a[i]);
+      return s + "]";
+    };
+    throw_user("drafter: parameter '{}' has shape {}, the value has shape {}", name, dims(p.sizes()),
+               dims(value.sizes()));
+  }
   at::NoGradGuard ng;
   const_cast<at::Tensor&>(p).copy_(value);
 }
