@@ -24,7 +24,7 @@
 namespace dflash::model {
 namespace {
 
-DrafterSpec tiny_spec() {
+[[maybe_unused]] DrafterSpec tiny_spec() {
   DrafterSpec s;
   s.hidden_size = 1024;
   s.intermediate_size = 2048;
@@ -45,7 +45,7 @@ struct StepResult {
   std::vector<std::pair<std::string, at::Tensor>> grads;  // fp32 copies
 };
 
-StepResult step(Drafter& d, const DrafterBatch& batch, attention::Backend backend) {
+[[maybe_unused]] StepResult step(Drafter& d, const DrafterBatch& batch, attention::Backend backend) {
   StepOptions opt;
   opt.attention = backend;
   opt.num_anchors = 24;
