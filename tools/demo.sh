@@ -11,7 +11,8 @@
 # with --resume it continues from the latest complete state instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tools/setup.sh
+# only the trainer binary is needed here (tools/test.sh builds everything)
+DFLASH_BUILD_TARGETS=${DFLASH_BUILD_TARGETS:-dflash_rank} tools/setup.sh
 PY=${DFLASH_PYTHON:-$PWD/${DFLASH_VENV:-.venv}/bin/python}
 BUILD=${DFLASH_BUILD_DIR:-build}
 RUN=runs/demo

@@ -62,39 +62,48 @@ std::vector<int64_t> to_vector(const at::Tensor& t) {
   return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
 }
 
-// The batch as the target sent it: one row holding every document (the kernel path skips what a
-// block cannot see, so packing costs nothing there).
-model::DrafterBatch one_packed_row(const at::Tensor& ids, const at::Tensor& mask, std::vector<int64_t> cu,
-                                   const at::Tensor& features) {
+// The packed stream of a batch as drafter rows: documents in order, a new row whenever the next
+// document would push the row past max_seq_len tokens; rows are right-padded (id 0, mask 0,
+// features 0) to the longest. Each block then attends only to its own row's keys, so the cost of
+// the drafter's attention grows with the row length, not with the whole batch (DFLASH.md trains
+// on rows of one sequence each). The split is a pure function of the batch, so it is the same
+// in every layout. A single-row batch is passed through without copies.
+model::DrafterBatch make_rows(const at::Tensor& ids, const at::Tensor& loss_mask, const at::Tensor& cu_seqlens,
+                              const at::Tensor& features, int64_t max_seq_len) {
+  const std::vector<int64_t> cu = to_vector(cu_seqlens);
+  const int64_t n_docs = static_cast<int64_t>(cu.size()) - 1;
+  std::vector<std::pair<int64_t, int64_t>> rows;  // [first doc, end doc)
+  int64_t first = 0;
+  for (int64_t d = 0; d < n_docs; ++d) {
+    if (d > first && cu[d + 1] - cu[first] > max_seq_len) {
+      rows.emplace_back(first, d);
+      first = d;
+    }
+  }
+  rows.emplace_back(first, n_docs);
   model::DrafterBatch db;
-  db.ids = ids.reshape({1, -1});
-  db.loss_mask = mask.reshape({1, -1});
-  db.features = features.unsqueeze(0);
-  db.docs = {std::move(cu)};
-  return db;
-}
-
-// One row per document, right-padded to the longest (ids, mask and features 0). The reference
-// path builds a dense mask per row: (sum of per-document queries) x (longest document + own
-// row's blocks) instead of all queries x (all tokens + all blocks) for one packed row, i.e.
-// about D times less attention work and mask memory for D documents. The anchors are the same
-// either way (anchors.h counts documents over rows), so the loss is too.
-model::DrafterBatch one_row_per_document(const at::Tensor& ids, const at::Tensor& mask,
-                                         const std::vector<int64_t>& cu, const at::Tensor& features) {
-  const int64_t D = static_cast<int64_t>(cu.size()) - 1;
-  if (D <= 1) return one_packed_row(ids, mask, cu, features);
-  int64_t longest = 0;
-  for (int64_t d = 0; d < D; ++d) longest = std::max(longest, cu[d + 1] - cu[d]);
-  model::DrafterBatch db;
-  db.ids = at::zeros({D, longest}, ids.options());
-  db.loss_mask = at::zeros({D, longest}, mask.options());
-  db.features = at::zeros({D, longest, features.size(-1)}, features.options());
-  for (int64_t d = 0; d < D; ++d) {
-    const int64_t len = cu[d + 1] - cu[d];
-    db.ids[d].narrow(0, 0, len).copy_(ids.narrow(0, cu[d], len));
-    db.loss_mask[d].narrow(0, 0, len).copy_(mask.narrow(0, cu[d], len));
-    db.features[d].narrow(0, 0, len).copy_(features.narrow(0, cu[d], len));
-    db.docs.push_back({0, len});
+  if (rows.size() == 1) {
+    db.ids = ids.reshape({1, -1});
+    db.loss_mask = loss_mask.reshape({1, -1});
+    db.features = features.unsqueeze(0);
+    db.docs = {cu};
+    return db;
+  }
+  int64_t S = 0;
+  for (auto [a, b] : rows) S = std::max(S, cu[b] - cu[a]);
+  const int64_t B = static_cast<int64_t>(rows.size());
+  db.ids = at::zeros({B, S}, ids.options());
+  db.loss_mask = at::zeros({B, S}, loss_mask.options());
+  db.features = at::zeros({B, S, features.size(1)}, features.options());
+  for (int64_t r = 0; r < B; ++r) {
+    const auto [a, b] = rows[static_cast<size_t>(r)];
+    const int64_t begin = cu[a], len = cu[b] - cu[a];
+    db.ids[r].narrow(0, 0, len).copy_(ids.narrow(0, begin, len));
+    db.loss_mask[r].narrow(0, 0, len).copy_(loss_mask.narrow(0, begin, len));
+    db.features[r].narrow(0, 0, len).copy_(features.narrow(0, begin, len));
+    model::DocBounds bounds;
+    for (int64_t d = a; d <= b; ++d) bounds.push_back(cu[d] - begin);
+    db.docs.push_back(std::move(bounds));
   }
   return db;
 }
@@ -171,9 +180,7 @@ void DrafterTrainer::train_batch(int64_t k, const at::Tensor& ids, const at::Ten
                                  double wait_s) {
   Impl& m = *impl_;
   const double t0 = now_s();
-  model::DrafterBatch db = m.sopt.attention == attention::Backend::Reference
-                               ? one_row_per_document(ids, loss_mask, to_vector(cu_seqlens), features)
-                               : one_packed_row(ids, loss_mask, to_vector(cu_seqlens), features);
+  model::DrafterBatch db = make_rows(ids, loss_mask, cu_seqlens, features, m.cfg.data.max_seq_len);
   db.global_batch_index = k;
   model::StepOutput out = m.drafter->forward(db, m.sopt);
   if (!std::isfinite(out.loss_value))
@@ -192,7 +199,12 @@ void DrafterTrainer::train_batch(int64_t k, const at::Tensor& ids, const at::Ten
   s[kTargetWait] += ts.wait_s;
   s[kDrafterWait] += wait_s;
   s[kBatches] += 1;
-  s[kFlops] += drafter_step_flops(m.p.spec, ids.numel(), out.n_blocks * m.p.spec.block_size);
+  // Useful FLOPs: per row, with the draft positions shared out in proportion to row lengths.
+  const double q_per_token = static_cast<double>(out.n_blocks * m.p.spec.block_size) / std::max<int64_t>(1, ids.numel());
+  for (const auto& bounds : db.docs) {
+    const int64_t len = bounds.back();
+    s[kFlops] += drafter_step_flops(m.p.spec, len, static_cast<int64_t>(q_per_token * static_cast<double>(len)));
+  }
 #ifdef DFLASH_CUDA
   if (m.p.device.is_cuda()) c10::cuda::device_synchronize();  // honest compute time
 #endif
