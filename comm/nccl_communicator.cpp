@@ -17,9 +17,13 @@
 //   one-way target -> drafter stream, and ping-pong, are safe.
 // - Messages: a header (kHeaderBytes) in one group, the tensors (bytes) in a second group.
 //   A receiver learns the shapes from the header, so it posts the data receive after the
-//   header has arrived; with several irecv from one peer outstanding, each header receive is
-//   posted only after the previous message's data receive (NCCL matches a pair's operations
-//   in order, without tags).
+//   header has arrived. Receives are posted in the order of the irecv calls, over all peers:
+//   the header receive of irecv n is posted only after the data receive of irecv n-1. NCCL
+//   matches a pair's operations in order, without tags; and with one global order, the p2p
+//   stream of every rank is ordered by the global batch index k, on senders and receivers
+//   alike, so the smallest outstanding k can always complete (no cycle of ranks each waiting
+//   behind a later batch, whatever T, D and the prefetch depth). Pending receives progress
+//   whenever the communicator is called or waits (including during all_reduce), and on test().
 // - Deadlines: every wait polls cudaEventQuery + ncclCommGetAsyncError; on expiry or an error
 //   all communicators are aborted (ncclCommAbort) and a CommError names op, peer and batch.
 #include <cuda_runtime.h>
@@ -120,7 +124,7 @@ class NcclCommunicator : public Communicator {
 
   // for handles
   void wait_event(cudaEvent_t ev, const BlockedOn& b);
-  void progress_recvs(int peer, const BlockedOn* b);  // advances the peer's receive queue in order
+  void progress_recvs();  // posts what it can of the receive queue, in order
   void finish_recv(RecvState& st, const BlockedOn& b);
   bool recv_done(RecvState& st);
   void wait_send(SendState& st, const BlockedOn& b) { wait_event(st.done.ev, b); }
@@ -151,7 +155,8 @@ class NcclCommunicator : public Communicator {
   std::string abort_reason_;
   int abort_id_ = -1;
   std::unique_ptr<Store> store_;  // kept while the communicator lives (rank 0 serves it)
-  std::map<int, std::deque<std::shared_ptr<RecvState>>> recvs_;
+  std::deque<std::shared_ptr<RecvState>> recvs_;  // pending receives, in irecv order
+  bool in_progress_ = false;
   std::deque<std::shared_ptr<SendState>> sends_;
 };
 
@@ -173,7 +178,7 @@ class NcclRecvHandle : public Handle {
  public:
   NcclRecvHandle(NcclCommunicator& c, std::shared_ptr<RecvState> st) : c_(c), st_(std::move(st)) {}
   bool test() override {
-    c_.progress_recvs(st_->peer, nullptr);
+    c_.progress_recvs();
     return c_.recv_done(*st_);
   }
   void wait() override {
@@ -245,7 +250,10 @@ void NcclCommunicator::init(const Identity& id, double startup_timeout_s) {
 
 NcclCommunicator::~NcclCommunicator() {
   unregister_abort(abort_id_);
-  if (!aborted_) {
+  in_progress_ = true;  // post nothing more
+  bool dangling = false;  // receives whose messages never came: their kernels would never end
+  for (const auto& st : recvs_) dangling = dangling || !st->data_posted;
+  if (!aborted_ && !dangling) {
     // finish what is in flight (bounded), then free the communicators
     try {
       BlockedOn b("shutdown", kNoPeer, kNoBatch, timeout_s_);
@@ -326,6 +334,7 @@ void NcclCommunicator::wait_event(cudaEvent_t ev, const BlockedOn& b) {
     if (q == cudaSuccess) return;
     if (q != cudaErrorNotReady) DFLASH_CHECK_CUDA(q);
     check_async(b);
+    if (spins % 16 == 0) progress_recvs();  // let prefetched receives start while we wait
     if (b.expired()) fail(b, "the peer died, hangs, or is out of step");
     if (spins > 64) {
       std::this_thread::sleep_for(pause);
@@ -350,6 +359,7 @@ HandlePtr NcclCommunicator::do_isend(int peer, const Message& msg) {
   BlockedOn b("send", peer, msg.batch, timeout_s_);
   if (aborted_) check_async(b);
   reap_sends();
+  progress_recvs();
   auto st = std::make_shared<SendState>();
   st->peer = peer;
   st->batch = msg.batch;
@@ -387,8 +397,8 @@ HandlePtr NcclCommunicator::do_irecv(int peer, int64_t expected_batch) {
   auto st = std::make_shared<RecvState>();
   st->peer = peer;
   st->expected = expected_batch;
-  recvs_[peer].push_back(st);
-  progress_recvs(peer, nullptr);
+  recvs_.push_back(st);
+  progress_recvs();
   return std::make_unique<NcclRecvHandle>(*this, st);
 }
 
@@ -437,17 +447,22 @@ void NcclCommunicator::post_data(RecvState& st) {
   st.data_posted = true;
 }
 
-void NcclCommunicator::progress_recvs(int peer, const BlockedOn* b) {
-  (void)b;
+void NcclCommunicator::progress_recvs() {
+  if (in_progress_ || aborted_) return;  // no re-entry from the waits inside post_*
+  in_progress_ = true;
+  struct Reset {
+    bool& f;
+    ~Reset() { f = false; }
+  } reset{in_progress_};
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(gpu_));
-  auto& q = recvs_[peer];
-  while (!q.empty() && q.front()->data_posted) q.pop_front();  // done with ordering; handles keep them
-  for (auto& st : q) {
+  while (!recvs_.empty() && recvs_.front()->data_posted) recvs_.pop_front();  // handles keep them
+  for (auto& st : recvs_) {
+    if (st->data_posted) continue;
     if (!st->header_posted) post_header(*st);
-    if (cudaEventQuery(st->header_done.ev) != cudaSuccess) return;  // later ones must wait their turn
+    if (cudaEventQuery(st->header_done.ev) != cudaSuccess) return;  // later ones wait their turn
     post_data(*st);
   }
-  while (!q.empty() && q.front()->data_posted) q.pop_front();
+  while (!recvs_.empty() && recvs_.front()->data_posted) recvs_.pop_front();
 }
 
 bool NcclCommunicator::recv_done(RecvState& st) {
@@ -457,12 +472,11 @@ bool NcclCommunicator::recv_done(RecvState& st) {
 void NcclCommunicator::finish_recv(RecvState& st, const BlockedOn& b) {
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(gpu_));
   while (!st.data_posted) {
-    // the oldest receive from this peer whose header is not in yet
-    progress_recvs(st.peer, &b);
+    // the oldest receive whose header is not in yet (possibly from another peer)
+    progress_recvs();
     if (st.data_posted) break;
-    auto& q = recvs_[st.peer];
-    DFLASH_CHECK(!q.empty(), "receive queue of peer {} is empty", st.peer);
-    wait_event(q.front()->header_done.ev, b);
+    DFLASH_CHECK(!recvs_.empty(), "receive queue is empty but batch {} is pending", st.expected);
+    wait_event(recvs_.front()->header_done.ev, b);
   }
   wait_event(st.data_done.ev, b);
   DFLASH_CHECK_CUDA(cudaStreamWaitEvent(caller_stream().stream(), st.data_done.ev, 0));
@@ -500,6 +514,7 @@ void NcclCommunicator::all_reduce(Group& group, std::vector<at::Tensor>& tensors
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(gpu_));
   BlockedOn b(fmt::format("all_reduce over {}", group.describe()), kNoPeer, batch, timeout_s_);
   if (aborted_) check_async(b);
+  progress_recvs();
   std::vector<at::Tensor> work;
   for (at::Tensor& t : tensors) {
     if (op == ReduceOp::Average && !at::isFloatingType(t.scalar_type()))
