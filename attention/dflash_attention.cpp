@@ -8,8 +8,7 @@
 #include "comm/error.h"
 
 // The kernel's entry points exist when attention/kernel_cuda.cpp is built (CUDA builds).
-// (__has_include: the kernel sources land on main separately from this file.)
-#if DFLASH_ATTENTION_KERNEL && __has_include("attention/kernel_cuda.cpp")
+#if DFLASH_ATTENTION_KERNEL
 #define DFLASH_HAVE_KERNEL 1
 #include "attention/kernel.h"
 #else

@@ -152,6 +152,7 @@ struct KernelAttention : public torch::autograd::Function<KernelAttention> {
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
+    if (!grads[0].defined()) return {at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};  // output unused
     const at::Tensor dout = checked(grads[0], "grad of attention output");
     auto [dq, dk, dv] = backward_impl(saved[0], saved[1], saved[2], saved[3], saved[4], dout, saved[5]);
     return {dq, dk, dv, at::Tensor()};

@@ -10,6 +10,7 @@
 //
 //   drafter_bench [--seq 2048,3072] [--rows 1,2,4] [--anchors 512] [--iters 5] [--warmup 2]
 //                 [--full] (adds: unfused loss, dense mask, kernel attention where available)
+//                 [--budget-s T] (skip the remaining cases once T seconds have passed)
 //                 [--smoke] (tiny shapes on the CPU: checks that the program runs)
 #include <chrono>
 #include <cstdio>
@@ -115,6 +116,7 @@ int main(int argc, char** argv) {
   std::vector<int64_t> seqs = {2048, 3072}, rows = {1, 2, 4};
   int64_t anchors = 512, iters = 5, warmup = 2;
   bool full = false, smoke = false;
+  double budget_s = 0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&]() -> std::string {
@@ -130,6 +132,7 @@ int main(int argc, char** argv) {
     else if (a == "--iters") iters = std::stoll(next());
     else if (a == "--warmup") warmup = std::stoll(next());
     else if (a == "--full") full = true;
+    else if (a == "--budget-s") budget_s = std::stod(next());
     else if (a == "--smoke") smoke = true;
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
@@ -191,18 +194,32 @@ int main(int argc, char** argv) {
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::fflush(stdout);
 
+  // Most important first (a time budget may cut the tail): the bar case (largest S and B,
+  // reference attention, fused loss), then the kernel, the unfused loss, the other shapes, the
+  // dense mask and other query groupings.
   std::vector<Case> cases;
-  for (auto S : seqs)
-    for (auto B : rows) cases.push_back({S, B, true, attention::detail::kDefaultGroupQueries, attention::Backend::Reference});
+  const int64_t Smax = seqs.back(), Bmax = rows.back();
+  const int64_t g0 = attention::detail::kDefaultGroupQueries;
+  auto ref = attention::Backend::Reference;
+  cases.push_back({Smax, Bmax, true, g0, ref});
+  if (full && cuda && attention::kernel_available()) cases.push_back({Smax, Bmax, true, 0, attention::Backend::Kernel});
+  if (full) cases.push_back({Smax, rows.size() > 1 ? rows[rows.size() - 2] : Bmax, false, g0, ref});
+  for (auto it = seqs.rbegin(); it != seqs.rend(); ++it)
+    for (auto B : rows)
+      if (!(*it == Smax && B == Bmax)) cases.push_back({*it, B, true, g0, ref});
   if (full) {
-    const int64_t S = seqs.back(), B = rows.back();
-    cases.push_back({S, B, true, 0, attention::Backend::Reference});
-    for (int64_t g : {512, 2048}) cases.push_back({S, B, true, g, attention::Backend::Reference});
-    for (auto b : rows) cases.push_back({S, b, false, attention::detail::kDefaultGroupQueries, attention::Backend::Reference});
-    if (attention::kernel_available() && cuda) cases.push_back({S, B, true, 0, attention::Backend::Kernel});
+    cases.push_back({Smax, Bmax, true, 0, ref});
+    for (int64_t g : {512, 2048}) cases.push_back({Smax, Bmax, true, g, ref});
+    cases.push_back({Smax, rows.front(), false, g0, ref});
   }
+  const auto t_start = Clock::now();
 
   for (const auto& c : cases) {
+    if (budget_s > 0 && std::chrono::duration<double>(Clock::now() - t_start).count() > budget_s) {
+      std::printf("| %ld | %ld | %s | skipped: time budget (--budget-s %.0f) spent |\n", (long)c.S, (long)c.B,
+                  name_of(c).c_str(), budget_s);
+      continue;
+    }
     setenv("DFLASH_SDPA_GROUP_QUERIES", std::to_string(c.group_queries).c_str(), 1);
     auto gen = at::make_generator<at::CPUGeneratorImpl>(1234 + c.S * 10 + c.B);
     DrafterBatch batch;

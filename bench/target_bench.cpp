@@ -5,12 +5,14 @@
 //       Random bf16 weights (CUDA; float32 on CPU), capture of layer ids [1, 9, 17, 25, 33]
 //       (the default DFlash ids for 36 layers; tiny: [0, 1]) over B packed documents of S tokens.
 //       Prints tokens/s, TFLOP/s and MFU against a bf16 8192^3 matmul measured in the same run.
+//   target_bench attention [--shapes ...]
+//       Packed causal attention alone: the flash backend vs cuDNN's varlen attention.
 //   target_bench write-checkpoint DIR [--shards 5] [--config ...]
 //       Writes a random model as a Hugging Face checkpoint (config.json, shards, index).
-//   target_bench load DIR [--json FILE]
+//   target_bench load DIR [--cache cold,warm] [--json FILE]
 //       Time to read the checkpoint's files (read(2), 64 MiB blocks) and to load the model onto
 //       the device (TargetModel::load), each after evicting the files from the page cache
-//       (posix_fadvise DONTNEED: "cold") and again with the files cached ("warm").
+//       (fdatasync + posix_fadvise DONTNEED: "cold") and/or with the files cached ("warm").
 //
 // FLOPs counted (notes/performance.md), per token, model FLOPs, no recomputation:
 //   2 * layers_run * (weights of one decoder layer)            matrix products
@@ -79,6 +81,7 @@ std::vector<int64_t> capture_ids_for(const HfConfig& c) {
 
 struct Args {
   std::string cmd, dir, config = "qwen3-8b", json;
+  std::vector<std::string> cache = {"cold", "warm"};
   std::vector<std::pair<int64_t, int64_t>> shapes = {{8, 2048}, {4, 4096}};
   int iters = 8;
   int shards = 5;
@@ -101,6 +104,18 @@ Args parse(int argc, char** argv) {
     else if (k == "--json") a.json = v;
     else if (k == "--iters") a.iters = std::stoi(v);
     else if (k == "--shards") a.shards = std::stoi(v);
+    else if (k == "--cache") {
+      a.cache.clear();
+      size_t p = 0;
+      while (p <= v.size()) {
+        size_t e = v.find(',', p);
+        if (e == std::string::npos) e = v.size();
+        std::string c = v.substr(p, e - p);
+        if (c != "cold" && c != "warm") throw_user("--cache: '{}' is not cold or warm", c);
+        a.cache.push_back(c);
+        p = e + 1;
+      }
+    }
     else if (k == "--shapes") {
       a.shapes.clear();
       size_t p = 0;
@@ -235,29 +250,6 @@ void breakdown(const TargetModel& m, int64_t B, int64_t S, int iters, double pea
   }
   std::printf("%-26s %9.3f   (matmul ceiling %.0f TFLOP/s)\n", "sum (rms_norm twice)", total * 1e3,
               peak / 1e12);
-
-  // Candidate: cuDNN's varlen attention (not used by the model yet); its time and its max-norm
-  // distance to the flash result, to decide whether to switch.
-  if (dev.is_cuda()) {
-    const double aflops = 4.0 * nq * hd * double(S + 1) / 2 * T;
-    at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
-    try {
-      auto run = [&] {
-        return std::get<0>(at::_cudnn_attention_forward(qc, kc, vc, {}, cu_dev, cu_dev, S, S, false,
-                                                        0.0, true, false, scale));
-      };
-      at::Tensor o = run();
-      at::Tensor ref = attn.to(at::kFloat);
-      double err = (o.to(at::kFloat) - ref).abs().max().item<double>() / ref.abs().max().item<double>();
-      double s_cudnn = time_median(dev, iters, run);
-      std::printf("%-26s %9.3f %9.1f   (max-norm rel diff to flash %.2e, output %s)\n",
-                  "cudnn varlen attention", s_cudnn * 1e3, aflops / s_cudnn / 1e12, err,
-                  fmt::format("[{}]", fmt::join(o.sizes(), ", ")).c_str());
-    } catch (const std::exception& e) {
-      std::string msg = e.what();
-      std::printf("cudnn varlen attention: unavailable: %s\n", msg.substr(0, 200).c_str());
-    }
-  }
 }
 
 int forward(const Args& a) {
@@ -323,6 +315,60 @@ int forward(const Args& a) {
   return 0;
 }
 
+// The packed causal attention of one Qwen3-8B layer at B x S: the flash backend (the model's
+// default) against cuDNN's varlen attention (the DFLASH_TARGET_ATTENTION=cudnn candidate): time
+// and max-norm distance. Kept apart from `forward` since it is an experiment.
+int attention(const Args& a) {
+  c10::InferenceMode guard;
+  at::Device dev = bench_device();
+  if (!dev.is_cuda()) {
+    std::printf("target_bench attention: needs CUDA\n");
+    return 0;
+  }
+  const int64_t nq = 32, nkv = 8, hd = 128;
+  const double scale = 1.0 / std::sqrt(double(hd));
+  std::printf("target_bench attention: packed causal, %ld q / %ld kv heads, head_dim %ld, bf16\n",
+              long(nq), long(nkv), long(hd));
+  std::printf("%-10s %-8s %9s %9s %s\n", "shape", "backend", "ms", "TFLOP/s", "max-norm diff to flash");
+  for (auto [B, S] : a.shapes) {
+    const int64_t T = B * S;
+    auto opt = at::TensorOptions().dtype(at::kBFloat16).device(dev);
+    at::Tensor q = at::randn({T, nq, hd}, opt), k = at::randn({T, nkv, hd}, opt),
+               v = at::randn({T, nkv, hd}, opt);
+    std::vector<int64_t> cu;
+    for (int64_t i = 0; i <= B; ++i) cu.push_back(i * S);
+    at::Tensor cu_dev = at::tensor(cu, at::kLong).to(at::kInt).to(dev);
+    const double flops = 4.0 * nq * hd * double(S + 1) / 2 * T;
+    auto flash = [&] {
+      return std::get<0>(at::_flash_attention_forward(q, k, v, cu_dev, cu_dev, S, S, 0.0, true,
+                                                      false, scale));
+    };
+    at::Tensor ref = flash().to(at::kFloat);
+    double s_flash = time_median(dev, a.iters, flash);
+    std::string shape = fmt::format("{}x{}", B, S);
+    std::printf("%-10s %-8s %9.3f %9.1f\n", shape.c_str(), "flash", s_flash * 1e3,
+                flops / s_flash / 1e12);
+    try {
+      auto cudnn = [&] {
+        return std::get<0>(at::_cudnn_attention_forward(q, k, v, {}, cu_dev, cu_dev, S, S, false,
+                                                        0.0, true, false, scale));
+      };
+      at::Tensor o = cudnn().to(at::kFloat);
+      double err = o.sizes() == ref.sizes()
+                       ? (o - ref).abs().max().item<double>() / ref.abs().max().item<double>()
+                       : -1.0;
+      double s_cudnn = time_median(dev, a.iters, cudnn);
+      std::printf("%-10s %-8s %9.3f %9.1f %.2e%s\n", shape.c_str(), "cudnn", s_cudnn * 1e3,
+                  flops / s_cudnn / 1e12, err, err < 0 ? " (output shape differs)" : "");
+    } catch (const std::exception& e) {
+      std::string msg = e.what();
+      std::printf("%-10s %-8s unavailable: %s\n", shape.c_str(), "cudnn",
+                  msg.substr(0, 160).c_str());
+    }
+  }
+  return 0;
+}
+
 // ---- checkpoint writing and loading -------------------------------------------------------------
 
 int write_checkpoint(const Args& a) {
@@ -371,7 +417,7 @@ int write_checkpoint(const Args& a) {
       weight_map += fmt::format("{}\"{}\":\"{}\"", weight_map.empty() ? "" : ",", all[next].first, file);
       ++next;
     }
-    dflash::st::save((fs::path(a.dir) / file).string(), part, {{"format", "pt"}});
+    dflash::st::save((fs::path(a.dir) / file).string(), part, {{"format", "pt"}}, /*durable=*/false);
   }
   std::ofstream(fs::path(a.dir) / "model.safetensors.index.json")
       << fmt::format("{{\"metadata\":{{\"total_size\":{:.0f}}},\"weight_map\":{{{}}}}}\n", total,
@@ -420,30 +466,29 @@ int load(const Args& a) {
   std::vector<std::string> files = checkpoint_files(a.dir);
   double bytes = 0;
   std::map<std::string, double> r;
-  for (const char* state : {"cold", "warm"}) {
-    if (std::string(state) == "cold") evict(files);
-    r[std::string("read_") + state] = read_files(files, &bytes);
-    if (std::string(state) == "cold") evict(files);
+  for (const std::string& state : a.cache) {
+    if (state == "cold") evict(files);
+    r["read_" + state] = read_files(files, &bytes);
+    if (state == "cold") evict(files);
     auto t0 = std::chrono::steady_clock::now();
     {
       TargetModel m = TargetModel::load(a.dir, dtype, dev);
       sync(dev);
-      r[std::string("load_") + state] = seconds_since(t0);
+      r["load_" + state] = seconds_since(t0);
     }
   }
   std::printf("target_bench load: %s, %zu files, %.2f GB, onto %s as %s\n", a.dir.c_str(),
               files.size(), bytes / 1e9, dev.str().c_str(), c10::toString(dtype));
   std::printf("%-6s %10s %10s %12s %12s %8s\n", "cache", "read s", "load s", "read GB/s",
               "load GB/s", "ratio");
-  for (const char* state : {"cold", "warm"}) {
-    double rd = r[std::string("read_") + state], ld = r[std::string("load_") + state];
-    std::printf("%-6s %10.2f %10.2f %12.2f %12.2f %8.2f\n", state, rd, ld, bytes / rd / 1e9,
-                bytes / ld / 1e9, ld / rd);
+  std::string js = fmt::format("{{\"gb\":{:.3f}", bytes / 1e9);
+  for (const std::string& state : a.cache) {
+    double rd = r["read_" + state], ld = r["load_" + state];
+    std::printf("%-6s %10.2f %10.2f %12.2f %12.2f %8.2f\n", state.c_str(), rd, ld,
+                bytes / rd / 1e9, bytes / ld / 1e9, ld / rd);
+    js += fmt::format(",\"read_{}_s\":{:.3f},\"load_{}_s\":{:.3f}", state, rd, state, ld);
   }
-  write_json(a.json, fmt::format("{{\"gb\":{:.3f},\"read_cold_s\":{:.3f},\"load_cold_s\":{:.3f},"
-                                 "\"read_warm_s\":{:.3f},\"load_warm_s\":{:.3f}}}",
-                                 bytes / 1e9, r["read_cold"], r["load_cold"], r["read_warm"],
-                                 r["load_warm"]));
+  write_json(a.json, js + "}");
   return 0;
 }
 
@@ -455,6 +500,7 @@ int main(int argc, char** argv) {
     if (a.cmd == "forward") return forward(a);
     if (a.cmd == "write-checkpoint") return write_checkpoint(a);
     if (a.cmd == "load") return load(a);
+    if (a.cmd == "attention") return attention(a);
     throw_user("unknown command '{}' (forward, write-checkpoint, load)", a.cmd);
   } catch (const dflash::UserError& e) {
     std::fprintf(stderr, "target_bench: error: %s\n", e.what());

@@ -1,12 +1,13 @@
 """transformers' Qwen3 forward truncated after the last captured layer: the reference that
 bench/target_bench.cpp's capture forward is measured against (same GPU, same run).
 
-    python3 bench/target_bench_hf.py [--shapes 8x2048,4x4096] [--iters 8] [--layers 34]
-                                     [--no-compile] [--json OUT] [--dflash-json FILE]
+    python3 bench/target_bench_hf.py [--shapes 8x2048,4x4096] [--compile-shapes 8x2048]
+                                     [--iters 8] [--layers 34] [--no-compile] [--json OUT]
+                                     [--dflash-json FILE]
 
 Qwen3-8B shapes, random bf16 weights, Qwen3Model with num_hidden_layers = 34 (the last captured
 id is 33; it ends with the final norm, which is negligible), SDPA attention, B sequences of S
-tokens. Eager, then torch.compile (default mode) with its first-call time. FLOPs per token as
+tokens. Eager, then torch.compile (default mode, on --compile-shapes) with its first-call time. FLOPs per token as
 in target_bench.cpp: 2 * layers * 192,937,984 + layers * 4 * 4096 * (S + 1) / 2; MFU against a
 bf16 8192^3 matmul measured here. With --dflash-json (target_bench forward --json), prints one
 combined table with dflash's rows and its ratio to eager and compiled transformers.
@@ -37,6 +38,7 @@ def median_time(fn, iters):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default="8x2048,4x4096")
+    ap.add_argument("--compile-shapes", default="8x2048")
     ap.add_argument("--iters", type=int, default=8)
     ap.add_argument("--layers", type=int, default=34)
     ap.add_argument("--no-compile", action="store_true")
@@ -64,11 +66,12 @@ def main():
     layer_weights = 4096 * (4096 + 2 * 1024) + 4096 * 4096 + 3 * 4096 * 12288
 
     rows = []
-    variants = [("transformers eager", model)]
+    compile_shapes = [tuple(int(x) for x in s.split("x")) for s in args.compile_shapes.split(",")]
+    variants = [("transformers eager", model, shapes)]
     if not args.no_compile:
-        variants.append(("transformers compile", torch.compile(model)))
-    for name, m in variants:
-        for B, S in shapes:
+        variants.append(("transformers compile", torch.compile(model), compile_shapes))
+    for name, m, vshapes in variants:
+        for B, S in vshapes:
             ids = torch.randint(0, cfg.vocab_size, (B, S), device=dev)
             with torch.inference_mode():
                 t0 = time.perf_counter()

@@ -8,6 +8,8 @@
 // Thread-safety: stateless; the rank prefix comes from comm/log.h's process-wide identity.
 #pragma once
 
+#include <cerrno>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 

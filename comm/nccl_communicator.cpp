@@ -130,6 +130,7 @@ class NcclCommunicator : public Communicator {
   HandlePtr do_irecv(int peer, int64_t expected_batch) override;
 
  private:
+  void init(const Identity& id, double startup_timeout_s);
   void wait_ready(ncclComm_t c, const BlockedOn& b);   // after init/split/group end
   void check_async(const BlockedOn& b);                // any comm in error -> abort + throw
   [[noreturn]] void fail(const BlockedOn& b, const std::string& detail);
@@ -202,7 +203,16 @@ NcclCommunicator::NcclCommunicator(const Identity& id, double startup_timeout_s)
       stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, static_cast<c10::DeviceIndex>(id.gpu))),
       coll_stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, static_cast<c10::DeviceIndex>(id.gpu))) {
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(gpu_));
+  try {
+    init(id, startup_timeout_s);
+  } catch (...) {
+    abort("start-up failed");  // no destructor runs for a half-built object: free the comms here
+    throw;
+  }
   abort_id_ = register_abort([this](const std::string& r) { abort(r); });
+}
+
+void NcclCommunicator::init(const Identity& id, double startup_timeout_s) {
   ncclUniqueId uid;
   if (rank_ == 0) DFLASH_CHECK_NCCL(ncclGetUniqueId(&uid), nullptr);
   if (mpi_active()) {
@@ -429,6 +439,7 @@ void NcclCommunicator::post_data(RecvState& st) {
 
 void NcclCommunicator::progress_recvs(int peer, const BlockedOn* b) {
   (void)b;
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(gpu_));
   auto& q = recvs_[peer];
   while (!q.empty() && q.front()->data_posted) q.pop_front();  // done with ordering; handles keep them
   for (auto& st : q) {

@@ -12,7 +12,12 @@ BIN=${DFLASH_BIN:-build/trainer/dflash_rank}
 [ -x "$BIN" ] || { echo "launch: $BIN not found; build it first (tools/setup.sh)" >&2; exit 2; }
 args=()
 [ -n "$CONFIG" ] && args+=(--config "$CONFIG")
-ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+# GPUs this process may use: CUDA_VISIBLE_DEVICES when set (nvidia-smi ignores it), else all
+if [ -n "${CUDA_VISIBLE_DEVICES+x}" ]; then
+  ngpu=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .)
+else
+  ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+fi
 if [ "${ngpu:-0}" -ge 2 ]; then
   # shellcheck source=/dev/null
   source tools/mpi_env.sh

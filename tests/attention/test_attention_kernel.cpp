@@ -43,7 +43,7 @@ struct Case {
 };
 
 // Anchors uniform in the document, with 0 (nothing), 1 and the document end forced in.
-MaskSpec make_spec(const Case& c, std::mt19937& rng) {
+[[maybe_unused]] MaskSpec make_spec(const Case& c, std::mt19937& rng) {
   std::vector<int64_t> cb(c.B * c.N), ce(c.B * c.N);
   std::vector<uint8_t> keep(c.B * c.N);
   for (int b = 0; b < c.B; ++b) {
@@ -79,7 +79,7 @@ MaskSpec make_spec(const Case& c, std::mt19937& rng) {
 
 // Dense boolean mask [B, N*bs, C + N*bs] written from DFLASH.md §2.3 with loops (independent
 // of the kernel's metadata code).
-at::Tensor dense_mask(const MaskSpec& s) {
+[[maybe_unused]] at::Tensor dense_mask(const MaskSpec& s) {
   const int64_t B = s.ctx_end.size(0), N = s.ctx_end.size(1), bs = s.block_size, C = s.ctx_len;
   at::Tensor m = at::zeros({B, N * bs, C + N * bs}, at::kBool);
   auto acc = m.accessor<bool, 3>();
@@ -103,7 +103,7 @@ struct Grads {
 };
 
 // fp32 dense reference (fully masked rows give 0), with gradients for upstream gradient dout.
-Grads reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+[[maybe_unused]] Grads reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                 const at::Tensor& mask, const at::Tensor& dout) {
   auto qf = q.to(at::kFloat).detach().requires_grad_(true);
   auto kf = k.to(at::kFloat).detach().requires_grad_(true);
@@ -121,7 +121,7 @@ Grads reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 
 // bf16 LibTorch SDPA with an additive bf16 mask (the reference path's method); K/V padded to a
 // multiple of 128 with masked keys (pytorch#196678); NaN of fully masked rows read as 0.
-Grads sdpa_bf16(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+[[maybe_unused]] Grads sdpa_bf16(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                 const at::Tensor& mask, const at::Tensor& dout) {
   auto qb = q.detach().requires_grad_(true);
   auto kb = k.detach().requires_grad_(true);
@@ -137,15 +137,15 @@ Grads sdpa_bf16(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
           vb.grad().nan_to_num(0)};
 }
 
-double rel_err(const at::Tensor& x, const at::Tensor& ref) {
+[[maybe_unused]] double rel_err(const at::Tensor& x, const at::Tensor& ref) {
   const double den = ref.norm().item<double>();
   const double num = (x.to(at::kFloat) - ref).norm().item<double>();
   return den > 0 ? num / den : num;
 }
-double max_abs(const at::Tensor& x, const at::Tensor& ref) {
+[[maybe_unused]] double max_abs(const at::Tensor& x, const at::Tensor& ref) {
   return (x.to(at::kFloat) - ref).abs().max().item<double>();
 }
-bool has_nan(const at::Tensor& x) { return x.isnan().any().item<bool>(); }
+[[maybe_unused]] bool has_nan(const at::Tensor& x) { return x.isnan().any().item<bool>(); }
 
 #if DFLASH_ATTENTION_KERNEL
 void fill_strides(const at::Tensor& t, int64_t& sb, int64_t& sh, int64_t& sr) {

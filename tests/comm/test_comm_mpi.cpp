@@ -203,9 +203,9 @@ int main(int argc, char** argv) {
     if (const char* b = std::getenv("DFLASH_TEST_BACKEND")) g_backend = b;
     Identity id = detect();
     if (g_backend == "nccl" && id.gpu < 0) {
-      std::printf("DFLASH_TEST_BACKEND=nccl but no GPU: nothing to test\n");
+      std::printf("DFLASH_TEST_BACKEND=nccl but this rank sees no GPU\n");
       finalize_mpi();
-      return 0;
+      return 1;
     }
     auto comm = make_communicator(CommOptions{g_backend, 60, 60}, id);
     comm->set_timeout(60);

@@ -51,10 +51,7 @@ def ckpt(tmp_path_factory):
     return d
 
 
-def hf_captures(d, dtype, docs):
-    from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(d, dtype=dtype).cuda().eval()
-    model.model.layers = model.model.layers[: LAYER_IDS[-1] + 1]  # truncated, as dflash runs
+def hf_captures(model, docs):
     outs = {}
     hooks = [model.model.layers[i].register_forward_hook(
         lambda m, inp, o, i=i: outs.__setitem__(i, (o[0] if isinstance(o, tuple) else o)[0].float().cpu()))
@@ -67,8 +64,6 @@ def hf_captures(d, dtype, docs):
             res.append(torch.cat([outs[i] for i in LAYER_IDS], dim=-1))
     for h in hooks:
         h.remove()
-    del model
-    torch.cuda.empty_cache()
     return torch.cat(res)
 
 
@@ -88,8 +83,13 @@ def test_capture_matches_transformers_bf16(ckpt, tmp_path):
     assert r.returncode == 0, r.stderr
     print(r.stderr.strip())
     ours = load_file(tmp_path / "ours.safetensors")["captured"].float()
-    hf16 = hf_captures(ckpt, torch.bfloat16, docs)
-    gold = hf_captures(ckpt, torch.float32, docs)
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16).cuda().eval()
+    model.model.layers = model.model.layers[: LAYER_IDS[-1] + 1]  # truncated, as dflash runs
+    hf16 = hf_captures(model, docs)
+    gold = hf_captures(model.float(), docs)  # the same weights in float32: the gold
+    del model
+    torch.cuda.empty_cache()
     H = 4096
     print(f"{'layer':>5} {'fro dfl/hf16':>13} {'maxn dfl/hf16':>14} {'maxn dfl/fp32':>14} "
           f"{'maxn hf16/fp32':>15} {'fro hf16/fp32':>14} {'max|ref|':>9}")
@@ -146,8 +146,3 @@ def test_tiny_fp32_forward_and_generation_on_cuda(tmp_path, name):
     assert r.returncode == 0, r.stderr
     got_tokens = [[int(x) for x in line.split(",")] for line in r.stdout.strip().splitlines()]
     assert got_tokens == want
-    # bf16 on CUDA (flash attention path): runs and gives 32 tokens per prompt.
-    r = subprocess.run([tool, "generate", "--model", str(d), "--prompts", ";".join(cpu.ints(p) for p in prompts),
-                        "--max-new", "32", "--device", "cuda", "--dtype", "bf16"], capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr
-    assert [len(line.split(",")) for line in r.stdout.strip().splitlines()] == [32] * len(prompts)

@@ -17,10 +17,9 @@ uint64_t splitmix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-uint64_t draw_key(uint64_t seed, int64_t batch, int64_t row, int64_t doc) {
+uint64_t draw_key(uint64_t seed, int64_t batch, int64_t doc) {
   uint64_t h = splitmix64(seed);
   h = splitmix64(h ^ static_cast<uint64_t>(batch));
-  h = splitmix64(h ^ static_cast<uint64_t>(row));
   return splitmix64(h ^ static_cast<uint64_t>(doc));
 }
 
@@ -105,13 +104,14 @@ Blocks sample_blocks(const at::Tensor& loss_mask, const std::vector<DocBounds>& 
   const int64_t B = m.size(0), S = m.size(1);
   auto docs = normalize_docs(docs_in, B, S);
   std::vector<std::vector<int64_t>> per_row(B);
+  int64_t doc_index = 0;  // counts documents over the rows, so packing does not change the draw
   for (int64_t b = 0; b < B; ++b) {
     const uint8_t* row = m.data_ptr<uint8_t>() + b * S;
     for (size_t d = 0; d + 1 < docs[b].size(); ++d) {
       auto valid = valid_anchors(row, docs[b][d], docs[b][d + 1]);
       const uint64_t count = valid.size();
       const uint64_t n = std::min<uint64_t>(count, static_cast<uint64_t>(opt.num_anchors));
-      const uint64_t key = draw_key(opt.seed, opt.batch_index, b, static_cast<int64_t>(d));
+      const uint64_t key = draw_key(opt.seed, opt.batch_index, doc_index++);
       for (uint64_t i = 0; i < n; ++i) {  // partial Fisher-Yates: valid[0..n) is the sample
         const uint64_t j = i + scale_to(splitmix64(key + i), count - i);
         std::swap(valid[i], valid[j]);

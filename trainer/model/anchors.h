@@ -9,11 +9,13 @@
 // the batch has N = max(min_blocks, max over rows of the row's block count, 1) blocks per row,
 // rows with fewer are padded with keep=false blocks (anchor 0, all tokens MASK, see nothing,
 // weight 0).
-// Randomness: counter-based. The draw for document d of row r of global batch k is a partial
-// Fisher-Yates shuffle of the valid positions driven by splitmix64(key + i), key = a splitmix64
-// hash of (seed, k, r, d); the index is floor(u64 * remaining / 2^64) (multiply-shift).
-// Nothing depends on a global RNG, the rank, or the order in which batches are processed, so any
-// rank layout reproduces the same anchors for the same (seed, k).
+// Randomness: counter-based. The draw for the d-th document of global batch k (documents counted
+// over the rows in order) is a partial Fisher-Yates shuffle of the valid positions driven by
+// splitmix64(key + i), key = a splitmix64 hash of (seed, k, d); the index is
+// floor(u64 * remaining / 2^64) (multiply-shift). Nothing depends on a global RNG, the rank, the
+// order in which batches are processed, or how the documents are packed into rows, so any rank
+// layout and either packing (one row of several documents, or one row per document) reproduce
+// the same anchors for the same (seed, k).
 // Documents: a block sees only context of its own document before its anchor (ctx_begin = the
 // document start, ctx_end = the anchor); positions restart at 0 at each document start; labels
 // at or past the document end get weight 0, so no block crosses its document's end.

@@ -11,6 +11,7 @@
 
 #include "comm/error.h"
 #include "trainer/config.h"
+#include "trainer/model/hf_config.h"
 #include "trainer/model/loss.h"
 
 namespace dflash::model {
@@ -36,11 +37,31 @@ std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& pos, int64_t d, 
   return {emb.cos().to(dtype), emb.sin().to(dtype)};
 }
 
-at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+// x * cos + rotate_half(x) * sin. RoPE is linear in x, so the backward needs only the (shared)
+// tables: dx = g * cos + rotate_half^T(g * sin), rotate_half^T(z) = [z2, -z1]. Nothing per layer
+// is saved (the unfused form keeps x and rotate_half(x) of every layer).
+at::Tensor rotate_half(const at::Tensor& x, bool transpose) {
   const int64_t half = x.size(-1) / 2;
   auto x1 = x.narrow(-1, 0, half), x2 = x.narrow(-1, half, half);
-  auto rot = at::cat({x2.neg(), x1}, -1);
-  return x * cos + rot * sin;
+  return transpose ? at::cat({x2, x1.neg()}, -1) : at::cat({x2.neg(), x1}, -1);
+}
+
+struct Rope : public torch::autograd::Function<Rope> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos,
+                            const at::Tensor& sin) {
+    ctx->save_for_backward({cos, sin});
+    return x * cos + rotate_half(x, false) * sin;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const auto &cos = saved[0], &sin = saved[1], &g = grads[0];
+    return {g * cos + rotate_half(g * sin, true), at::Tensor(), at::Tensor()};
+  }
+};
+
+at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  return Rope::apply(x, cos, sin);
 }
 
 // silu(g) * u, saving only g and u (the unfused form also keeps silu(g) for the backward).
@@ -60,6 +81,24 @@ struct SiluMul : public torch::autograd::Function<SiluMul> {
 };
 
 }  // namespace
+
+TargetInfo target_info(const HfConfig& c) {
+  TargetInfo t;
+  t.hidden_size = c.hidden_size;
+  t.intermediate_size = c.intermediate_size;
+  t.num_layers = c.num_hidden_layers;
+  t.num_heads = c.num_attention_heads;
+  t.num_kv_heads = c.num_key_value_heads;
+  t.head_dim = c.head_dim;
+  t.vocab_size = c.vocab_size;
+  t.rms_norm_eps = c.rms_norm_eps;
+  t.rope_theta = c.rope.theta;
+  if (c.max_position_embeddings > 0) t.max_position_embeddings = c.max_position_embeddings;
+  t.bos_token_id = c.bos_token_id.value_or(-1);
+  t.eos_token_id = c.eos_token_ids.empty() ? -1 : c.eos_token_ids.front();
+  t.mask_token_id = (c.model_type == "qwen3" && c.vocab_size == 151936) ? 151669 : -1;
+  return t;
+}
 
 // ---- spec -------------------------------------------------------------------------------------
 
@@ -261,9 +300,15 @@ const at::Tensor& Drafter::param(const std::string& name) const {
 
 void Drafter::load_param(const std::string& name, const at::Tensor& value) {
   const auto& p = param(name);
-  if (p.sizes() != value.sizes())
-    throw_user("drafter: parameter '{}' has {} elements in shape of rank {}, the value has rank {} ({} elements)",
-               name, p.numel(), p.dim(), value.dim(), value.numel());
+  if (p.sizes() != value.sizes()) {
+    auto dims = [](at::IntArrayRef a) {
+      std::string s = "[";
+      for (size_t i = 0; i < a.size(); ++i) s += (i ? ", " : "") + std::to_string(a[i]);
+      return s + "]";
+    };
+    throw_user("drafter: parameter '{}' has shape {}, the value has shape {}", name, dims(p.sizes()),
+               dims(value.sizes()));
+  }
   at::NoGradGuard ng;
   const_cast<at::Tensor&>(p).copy_(value);
 }

@@ -28,6 +28,8 @@ struct DrafterConfig;
 
 namespace dflash::model {
 
+struct HfConfig;
+
 // The few facts about the target the drafter needs (filled from the target's config.json).
 struct TargetInfo {
   int64_t hidden_size = 0;
@@ -44,6 +46,10 @@ struct TargetInfo {
   int64_t eos_token_id = -1;
   int64_t mask_token_id = -1;  // the tokenizer's MASK id if known (Qwen3: 151669), else -1
 };
+
+// From the target's config.json. mask_token_id: 151669 for a Qwen3 target with the 151936-row
+// vocabulary (the "<|MASK|>" id DFLASH.md §1.3 uses), else -1 (drafter.mask_token_id must be set).
+TargetInfo target_info(const HfConfig& cfg);
 
 // Shape and constants of a drafter; exactly the fields of the exported config.json.
 struct DrafterSpec {

@@ -53,11 +53,13 @@ ChunkStats chunk_stats(const at::Tensor& h, const at::Tensor& weight, const at::
   return s;
 }
 
-// In place: p <- (p - onehot(label)) * scale[:, None]; returns p @ W in `dtype`.
-at::Tensor grad_from_softmax(at::Tensor& p, const at::Tensor& lab, const at::Tensor& scale,
-                             const at::Tensor& weight) {
-  p.scatter_add_(1, lab.unsqueeze(1), at::full({lab.size(0), 1}, -1.0, p.options()));
-  p.mul_(scale.unsqueeze(1));
+// In place: p <- p * row_scale[:, None] - onehot(label) * coef[:, None] (one pass over p; with
+// p = exp(logits - max) and row_scale = coef / sum, this is (softmax - onehot) * coef); returns
+// p @ W in W's dtype.
+at::Tensor grad_from_probs(at::Tensor& p, const at::Tensor& lab, const at::Tensor& row_scale, const at::Tensor& coef,
+                           const at::Tensor& weight) {
+  p.mul_(row_scale.unsqueeze(1));
+  p.scatter_add_(1, lab.unsqueeze(1), coef.neg().unsqueeze(1).to(p.scalar_type()));
   return at::mm(p.to(weight.scalar_type()), weight);
 }
 
@@ -78,8 +80,7 @@ struct FusedLinearCe : public torch::autograd::Function<FusedLinearCe> {
       auto s = chunk_stats(hidden.narrow(0, c0, n), weight, lab);
       loss.add_((s.ce * cf).sum());
       correct.narrow(0, c0, n).copy_(s.argmax.eq(lab));
-      if (grad_h.defined()) s.expd.mul_(s.scale.unsqueeze(1));
-      if (grad_h.defined()) grad_h.narrow(0, c0, n).copy_(grad_from_softmax(s.expd, lab, cf, weight));
+      if (grad_h.defined()) grad_h.narrow(0, c0, n).copy_(grad_from_probs(s.expd, lab, s.scale * cf, cf, weight));
       if (lse.defined()) lse.narrow(0, c0, n).copy_(s.lse);
     }
     ctx->saved_data["chunk"] = chunk;
@@ -109,7 +110,8 @@ struct FusedLinearCe : public torch::autograd::Function<FusedLinearCe> {
         auto lab = labels.narrow(0, c0, n);
         auto p = logits_fp32(hidden.narrow(0, c0, n), weight);
         p.sub_(lse.narrow(0, c0, n).unsqueeze(1)).exp_();
-        grad_h.narrow(0, c0, n).copy_(grad_from_softmax(p, lab, gs.narrow(0, c0, n), weight));
+        auto gsc = gs.narrow(0, c0, n);
+        grad_h.narrow(0, c0, n).copy_(grad_from_probs(p, lab, gsc, gsc, weight));  // p is already softmax
       }
     }
     return {grad_h, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};

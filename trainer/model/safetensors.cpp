@@ -394,7 +394,7 @@ void SafeTensors::expect_names(const std::vector<std::string>& expected,
 }
 
 void save(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-          const std::map<std::string, std::string>& metadata) {
+          const std::map<std::string, std::string>& metadata, bool durable) {
   std::vector<std::pair<std::string, at::Tensor>> sorted;
   sorted.reserve(tensors.size());
   for (const auto& [name, t] : tensors) {
@@ -449,7 +449,7 @@ void save(const std::string& path, const std::vector<std::pair<std::string, at::
     if (bytes) ok &= std::fwrite(t.data_ptr(), 1, bytes, fp) == bytes;
   }
   ok &= std::fflush(fp) == 0;
-  ok &= fsync(fileno(fp)) == 0;
+  if (durable) ok &= fsync(fileno(fp)) == 0;
   ok &= std::fclose(fp) == 0;
   if (!ok) {
     int e = errno;

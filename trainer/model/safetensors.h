@@ -68,8 +68,10 @@ class SafeTensors {
 };
 
 // Writes one .safetensors file (contiguous CPU copies of the tensors, names as given, sorted),
-// through `path + ".tmp"` and a rename, so a reader never sees a half-written file.
+// through `path + ".tmp"` and a rename, so a reader never sees a half-written file. With
+// `durable` (the default) the data is fsync'ed before the rename; benchmarks that write
+// scratch files may skip that.
 void save(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
-          const std::map<std::string, std::string>& metadata = {});
+          const std::map<std::string, std::string>& metadata = {}, bool durable = true);
 
 }  // namespace dflash::st

@@ -1,6 +1,9 @@
 // Target model building blocks (see target_ops.h).
 #include "trainer/model/target_ops.h"
 
+#include <cstdlib>
+#include <string>
+
 #include <ATen/ATen.h>
 
 #include "comm/error.h"
@@ -109,6 +112,19 @@ at::Tensor varlen_causal_attention(const at::Tensor& q, const at::Tensor& k, con
                                    const std::vector<int64_t>& cu, const at::Tensor& cu_dev,
                                    int64_t max_len, double scale) {
   if (q.is_cuda() && (q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf)) {
+    static const bool use_cudnn = [] {
+      const char* e = std::getenv(kAttentionBackendEnv);
+      std::string v = e ? e : "flash";
+      if (v != "flash" && v != "cudnn")
+        throw_user("{}={}: expected flash or cudnn", kAttentionBackendEnv, v);
+      return v == "cudnn";
+    }();
+    if (use_cudnn) {
+      return std::get<0>(at::_cudnn_attention_forward(q.contiguous(), k.contiguous(), v.contiguous(),
+                                                      {}, cu_dev, cu_dev, max_len, max_len,
+                                                      /*compute_log_sumexp=*/false, 0.0,
+                                                      /*is_causal=*/true, false, scale));
+    }
     auto res = at::_flash_attention_forward(q, k, v, cu_dev, cu_dev, max_len, max_len, 0.0,
                                             /*is_causal=*/true, /*return_debug_mask=*/false, scale);
     return std::get<0>(res);

@@ -38,6 +38,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_heads(at::Tensor& qkv, int64_
 // silu(gu[:, :I]) * gu[:, I:] for gu [T, 2I]: [T, I].
 at::Tensor silu_mul(const at::Tensor& gu, int64_t I);
 
+// Environment knob: the CUDA attention backend of the packed forward, "flash" (default:
+// FlashAttention-2 varlen through at::_flash_attention_forward) or "cudnn" (cuDNN's varlen
+// attention through at::_cudnn_attention_forward). Read once per process.
+constexpr const char* kAttentionBackendEnv = "DFLASH_TARGET_ATTENTION";
+
 // Causal attention inside each document of a packed stream: q [T, nq, hd], k/v [T, nkv, hd]
 // (nq a multiple of nkv) -> [T, nq, hd]. `cu` host offsets, `cu_dev` the same as int32 on the
 // device, `max_len` the longest document.

@@ -20,26 +20,6 @@ at::ScalarType parse_dtype(const std::string& name, bool gpu, const char* key) {
   throw_user("config: {} = '{}', expected auto, bfloat16, float16 or float32", key, name);
 }
 
-model::TargetInfo target_info(const model::HfConfig& c) {
-  model::TargetInfo t;
-  t.hidden_size = c.hidden_size;
-  t.intermediate_size = c.intermediate_size;
-  t.num_layers = c.num_hidden_layers;
-  t.num_heads = c.num_attention_heads;
-  t.num_kv_heads = c.num_key_value_heads;
-  t.head_dim = c.head_dim;
-  t.vocab_size = c.vocab_size;
-  t.rms_norm_eps = c.rms_norm_eps;
-  t.rope_theta = c.rope.theta;
-  t.max_position_embeddings = c.max_position_embeddings;
-  t.bos_token_id = c.bos_token_id.value_or(-1);
-  t.eos_token_id = c.eos_token_ids.empty() ? -1 : c.eos_token_ids.front();
-  // Qwen3's <|MASK|> (DFLASH.md §1.3): the first id after the tokenizer's last, inside the
-  // padded 151,936-row embedding. Other targets must name their MASK id in drafter.mask_token_id.
-  if (c.model_type == "qwen3" && c.vocab_size == 151936) t.mask_token_id = 151669;
-  return t;
-}
-
 }  // namespace
 
 std::vector<int64_t> RunPlan::drafter_step_batches(int64_t step, int64_t j) const {
@@ -61,7 +41,7 @@ RunPlan make_plan(const Config& cfg, const comm::Schedule& schedule, int world_s
   // The target and the drafter's shape (every rank: a mismatch is reported everywhere).
   if (cfg.target.model_dir.empty()) throw_user("config: target.model_dir is empty; expected a Hugging Face model directory");
   p.target_config = model::load_hf_config(cfg.target.model_dir);
-  p.target_info = target_info(p.target_config);
+  p.target_info = model::target_info(p.target_config);
   if (!cfg.drafter.init_from.empty()) {
     p.spec = model::read_drafter_config(cfg.drafter.init_from + "/config.json");
     p.spec.check_fits(p.target_info, cfg.drafter.init_from + "/config.json (drafter.init_from)");
