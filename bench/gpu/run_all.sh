@@ -23,6 +23,7 @@ source tools/mpi_env.sh
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
 } | tee "$OUT/machine.txt"
+cp "$OUT/machine.txt" "$FINAL_OUT/"
 
 steps=("$@")
 if [ ${#steps[@]} -eq 0 ]; then
@@ -53,6 +54,7 @@ run_area() {  # area gpu
   if [ -n "$2" ]; then CUDA_VISIBLE_DEVICES=$2 bash "bench/gpu/$a.sh" "$BUILD" "$OUT/$a" > "$OUT/$a.log" 2>&1
   else bash "bench/gpu/$a.sh" "$BUILD" "$OUT/$a" > "$OUT/$a.log" 2>&1; fi
   r=$?
+  cp "$OUT/$a.log" "$FINAL_OUT/" 2>/dev/null   # each area's log comes back even if the call is cut short
   echo "=== $a: rc=$r, $(( $(date +%s) - ta )) s (at $(( $(date +%s) - t0 )) s)"
   return $r
 }
