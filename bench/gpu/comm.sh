@@ -65,7 +65,7 @@ step nccl_fault_throw nonzero 20 env DFLASH_TEST_FAIL_AT=1:40:throw mpirun -np 2
 step nccl_fault_hang nonzero 20 env DFLASH_TEST_FAIL_AT=1:40:hang mpirun -np 2 "$R" --comm-check 200 comm.backend=nccl comm.timeout_s=5
 # (which batch the target waits on depends on how much NCCL buffers: 40 or a little later)
 if [ -f "$OUT/comm_nccl_fault_hang.log" ]; then
-  if grep -Eq "timed out after [5-9].[0-9] s in send with rank 1 \(drafter 0\), batch [0-9]+" "$OUT/comm_nccl_fault_hang.log"; then
+  if grep -Eq "(timed out after [5-9].[0-9] s in|watchdog:) send with rank 1 \(drafter 0\), batch [0-9]+" "$OUT/comm_nccl_fault_hang.log"; then
     note "PASS nccl_fault_hang names peer and batch"
   else
     note "FAIL nccl_fault_hang: no 'timed out ... in send with rank 1 (drafter 0), batch N' line"; fails=$((fails + 1))
