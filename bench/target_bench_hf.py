@@ -86,18 +86,25 @@ def main():
                              first_call_ms=first * 1e3))
             print(f"{name:<22} {B}x{S}: {T / s:,.0f} tokens/s, MFU {100 * rows[-1]['mfu']:.1f}%, "
                   f"first call {first:.1f} s", flush=True)
+        report(args, rows, peak)
+    report(args, rows, peak)
+
+
+def report(args, rows, peak):
+    """Writes --json and prints the combined table (called after each variant, so that a run
+    stopped during compilation still leaves the eager table)."""
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(matmul_tflops=peak / 1e12, rows=rows), f)
-
     print(f"\nmatmul bf16 8192^3 here: {peak / 1e12:.1f} TFLOP/s")
-    all_rows = list(rows)
+    all_rows = [dict(r) for r in rows]
+    d = None
     if args.dflash_json:
         d = json.load(open(args.dflash_json))
         print(f"matmul bf16 8192^3 in target_bench: {d['matmul_tflops']:.1f} TFLOP/s")
         all_rows += [dict(r, impl="dflash capture") for r in d["rows"]]
     # One MFU denominator for every row: the higher of the two matmul measurements.
-    peak_all = max(peak, d["matmul_tflops"] * 1e12) if args.dflash_json else peak
+    peak_all = max(peak, d["matmul_tflops"] * 1e12) if d else peak
     for r in all_rows:
         r["mfu"] = r["tflops"] * 1e12 / peak_all
     print(f"MFU below against {peak_all / 1e12:.1f} TFLOP/s")
@@ -110,8 +117,7 @@ def main():
         print(f"{r['impl']:<22} {r['shape']:<8} {r['ms']:>8.1f} {r['tokens_per_s']:>10,.0f} "
               f"{100 * r['mfu']:>6.1f}% {r['first_call_ms'] / 1e3:>13.2f} "
               f"{(r['tokens_per_s'] / e) if e else float('nan'):>8.2f}x "
-              f"{(r['tokens_per_s'] / c) if c else float('nan'):>10.2f}x")
-
+              f"{(r['tokens_per_s'] / c) if c else float('nan'):>10.2f}x", flush=True)
 
 if __name__ == "__main__":
     main()

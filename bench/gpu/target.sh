@@ -56,7 +56,8 @@ echo "== load (Qwen3-8B-sized, 5 shards)"
 tail -2 "$OUT/load.txt" 2>/dev/null
 echo "== capture forward (Qwen3-8B shapes, ids 1,9,17,25,33 -> 34 layers run)"
 if grep -q "^implementation" "$OUT/hf_forward.txt" 2>/dev/null; then
-  sed -n '/^MFU below/,$p' "$OUT/hf_forward.txt"
+  # the last combined table (the script prints one after eager and one after compile)
+  awk '/^MFU below/{buf=""} {buf=buf $0 "\n"} END{printf "%s", buf}' "$OUT/hf_forward.txt" | grep -v -i warn
 else
   tail -5 "$OUT/hf_forward.txt" 2>/dev/null
   grep -A3 "^shape" "$OUT/dflash_forward.txt"
