@@ -61,10 +61,12 @@ fi
 
 # ---- configure and build ----------------------------------------------------------------------
 BUILD=${DFLASH_BUILD_DIR:-build}
+# absolute, but not through symlinks: a venv's python is a link to the base interpreter
+PY_ABS=$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")
 if [ ! -f "$BUILD/build.ninja" ]; then
   say "configuring $BUILD"
   # shellcheck disable=SC2086
-  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDFLASH_PYTHON="$(realpath "$PY")" \
+  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDFLASH_PYTHON="$PY_ABS" \
     ${DFLASH_CMAKE_ARGS:-} >/dev/null
 fi
 say "building $BUILD (ninja, $(nproc) cores)"
