@@ -42,7 +42,7 @@ step "GPU correctness vs transformers (Qwen3-8B bf16; tiny fp32 incl. generation
   python3 -m pytest -q -s -p no:cacheprovider tests/model/test_target_gpu.py > "$OUT/gpu_test.txt" 2>&1 || rc=1; }
 rm -rf "$CKPT"
 
-step "transformers reference (eager both shapes, torch.compile 8x2048)" 60
+step "transformers reference (eager both shapes, torch.compile 8x2048)" 100
 [ $T -gt 0 ] && { timeout $T python3 bench/target_bench_hf.py --iters 5 --json "$OUT/hf_forward.json" \
   --dflash-json "$OUT/dflash_forward.json" > "$OUT/hf_forward.txt" 2>&1 || rc=1; }
 
