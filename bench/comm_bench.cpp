@@ -7,7 +7,8 @@
 // Columns (per message size S, one uint8 tensor of S bytes in a dflash Message):
 //   latency_ms   half of a ping-pong round trip (send + recv back), the one-way time of one message
 //   stream_GB/s  S x N / time for N messages sent back to back (4 in flight), as the target ->
-//                drafter stream does: the sustained throughput of the pipeline's transport
+//                drafter stream does, timed on the receiver from a barrier to the last message:
+//                the sustained throughput of the pipeline's transport
 //   ar_ms, ar_busGB/s  all_reduce (sum) of S bytes of fp32 over both ranks; bus bandwidth =
 //                S / time x 2(n-1)/n (nccl-tests' definition, n = 2 ranks)
 // Rank 0 prints the table. Times are wall clock after the operation's wait() returned (which
@@ -98,15 +99,19 @@ int main(int argc, char** argv) {
         }
       }
       double lat = (now_s() - t0) / iters / 2;
-      // ---- streaming bandwidth (rank 0 -> rank 1, 4 in flight)
+      // ---- streaming bandwidth (rank 0 -> rank 1, 4 in flight), timed from a barrier to the
+      // last message received, after warm-up messages outside the timed part
+      for (int i = 0; i < o.warmup; ++i) {
+        msg.batch = 1000000 + i;
+        if (me == 0) comm->send(peer, msg);
+        else comm->recv(peer, msg.batch);
+      }
       comm->barrier();
       t0 = now_s();
-      int n = o.warmup + iters;
-      double t_start = 0;
       if (me == 0) {
         std::deque<HandlePtr> inflight;
-        for (int i = 0; i < n; ++i) {
-          msg.batch = 1000000 + i;
+        for (int i = 0; i < iters; ++i) {
+          msg.batch = 2000000 + i;
           inflight.push_back(comm->isend(peer, msg));
           while (inflight.size() > 4) {
             inflight.front()->wait();
@@ -116,15 +121,14 @@ int main(int argc, char** argv) {
         for (auto& h : inflight) h->wait();
       } else {
         std::deque<HandlePtr> pending;
-        for (int i = 0; i < n; ++i) pending.push_back(comm->irecv(peer, 1000000 + i));
-        for (int i = 0; i < n; ++i) {
+        for (int i = 0; i < iters; ++i) pending.push_back(comm->irecv(peer, 2000000 + i));
+        for (int i = 0; i < iters; ++i) {
           pending.front()->take();
           pending.pop_front();
-          if (i + 1 == o.warmup) t_start = now_s();  // after warm-up messages
         }
       }
       double t_end = now_s();
-      std::vector<at::Tensor> tv{at::tensor({me == 1 ? t_end - (o.warmup > 0 ? t_start : t0) : 0.0},
+      std::vector<at::Tensor> tv{at::tensor({me == 1 ? t_end - t0 : 0.0},
                                             at::TensorOptions().dtype(at::kDouble)).to(comm->device())};
       comm->all_reduce(*world, tv, ReduceOp::Sum);
       double stream_s = tv[0].cpu().item<double>();

@@ -135,6 +135,7 @@ class NcclCommunicator : public Communicator {
 
  private:
   void init(const Identity& id, double startup_timeout_s);
+  void mark_failed(const std::string& reason);
   void wait_ready(ncclComm_t c, const BlockedOn& b);   // after init/split/group end
   void check_async(const BlockedOn& b);                // any comm in error -> abort + throw
   [[noreturn]] void fail(const BlockedOn& b, const std::string& detail);
@@ -272,17 +273,23 @@ NcclCommunicator::~NcclCommunicator() {
 }
 
 // ---- polling ------------------------------------------------------------------------------
+void NcclCommunicator::mark_failed(const std::string& reason) {
+  if (!aborted_.exchange(true)) abort_reason_ = reason;
+}
+
 void NcclCommunicator::abort(const std::string& reason) {
-  if (aborted_.exchange(true)) return;
-  abort_reason_ = reason;
+  mark_failed(reason);
   std::lock_guard<std::mutex> g(comms_mu_);
   for (auto it = comms_.rbegin(); it != comms_.rend(); ++it) ncclCommAbort(*it);
   comms_.clear();
 }
 
+// A deadline or an async error: the communicator is unusable from here on. ncclCommAbort can
+// block while a kernel waits for a dead peer (seen on H200: > 5 s), so it is left to
+// fail_fast's bounded abort_all (or the destructor); the error goes out at once.
 void NcclCommunicator::fail(const BlockedOn& b, const std::string& detail) {
   std::string msg = b.timeout_message(detail);
-  abort(msg);
+  mark_failed(msg);
   throw CommError(msg);
 }
 
@@ -302,7 +309,7 @@ void NcclCommunicator::check_async(const BlockedOn& b) {
     }
   }
   if (msg.empty()) return;
-  abort(msg);
+  mark_failed(msg);
   throw CommError(msg);
 }
 
@@ -316,7 +323,7 @@ void NcclCommunicator::wait_ready(ncclComm_t c, const BlockedOn& b) {
     if (st == ncclSuccess) return;
     if (st != ncclInProgress) {
       std::string msg = fmt::format("{}: NCCL error: {} ({})", b.what(), ncclGetErrorString(st), ncclGetLastError(c));
-      abort(msg);
+      mark_failed(msg);
       throw CommError(msg);
     }
     if (b.expired()) fail(b, "NCCL did not finish (a peer died, hangs, or is out of step)");
@@ -424,7 +431,7 @@ void NcclCommunicator::post_data(RecvState& st) {
   Header h = decode_header(st.header_host.data_ptr<uint8_t>(), name_rank(st.peer));
   if (st.expected != kNoBatch && h.batch != st.expected) {
     std::string msg = fmt::format("{}: got batch {} instead (schedule out of step)", b.what(), h.batch);
-    abort(msg);
+    mark_failed(msg);
     throw CommError(msg);
   }
   st.msg.kind = h.kind;

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -188,7 +189,15 @@ void fail_fast(int code, const std::string& message) {
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
   }
   log::error("{}", message);
-  abort_all(message);
+  // Abort the communicators, but never wait long for it: ncclCommAbort can block while a kernel
+  // waits for a dead peer, and the launcher must hear from us within its own deadline.
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  std::thread([message, done] {
+    abort_all(message);
+    done->store(true);
+  }).detach();
+  for (int i = 0; i < 300 && !done->load(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (!done->load()) log::warn("communicators did not abort within 3 s; exiting anyway");
   std::fflush(nullptr);
   if (mpi_active()) {
     int size = 1;
