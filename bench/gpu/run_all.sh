@@ -7,6 +7,7 @@
 #     step = an area (bench/gpu/<area>.sh), or "a|b": area a on GPU 0 and b on GPU 1 at once
 #     (each "a" may itself be "a,c": run one after the other on that GPU)
 #   default: every bench/gpu/*.sh but this one, one after the other
+# The device machine gets no .git: pass DFLASH_COMMIT=$(git rev-parse --short HEAD) to record it.
 # On the H200 machines LibTorch is the system python3's torch. NVLink multicast stays off.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -19,7 +20,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export PYTHONUNBUFFERED=1
 source tools/mpi_env.sh
 {
-  echo "date: $(date -u +%FT%TZ)  commit: $(git rev-parse --short HEAD 2>/dev/null || cat .git-commit 2>/dev/null)"
+  echo "date: $(date -u +%FT%TZ)  commit: ${DFLASH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
 } | tee "$OUT/machine.txt"
