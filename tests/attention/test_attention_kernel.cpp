@@ -41,6 +41,8 @@ struct Case {
   double drop = 0.1;     // probability of keep = false
   bool all_dropped_row = false;  // batch row 0 keeps no block
 };
+// How gtest prints a Case (ctest shows it in every test name).
+[[maybe_unused]] void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 // Anchors uniform in the document, with 0 (nothing), 1 and the document end forced in.
 [[maybe_unused]] MaskSpec make_spec(const Case& c, std::mt19937& rng) {
