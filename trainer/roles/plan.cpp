@@ -8,19 +8,9 @@
 #include "comm/error.h"
 #include "comm/log.h"
 #include "trainer/model/export.h"
+#include "trainer/model/target.h"
 
 namespace dflash::roles {
-namespace {
-
-at::ScalarType parse_dtype(const std::string& name, bool gpu, const char* key) {
-  if (name == "auto") return gpu ? at::kBFloat16 : at::kFloat;
-  if (name == "bfloat16" || name == "bf16") return at::kBFloat16;
-  if (name == "float16" || name == "fp16") return at::kHalf;
-  if (name == "float32" || name == "fp32") return at::kFloat;
-  throw_user("config: {} = '{}', expected auto, bfloat16, float16 or float32", key, name);
-}
-
-}  // namespace
 
 std::vector<int64_t> RunPlan::drafter_step_batches(int64_t step, int64_t j) const {
   std::vector<int64_t> ks;
@@ -110,7 +100,7 @@ RunPlan make_plan(const Config& cfg, const comm::Schedule& schedule, int world_s
 
   const bool on_gpu = gpu >= 0;
   p.device = on_gpu ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(gpu)) : at::Device(at::kCPU);
-  p.target_dtype = parse_dtype(cfg.target.dtype, on_gpu, "target.dtype");
+  p.target_dtype = model::resolve_dtype(cfg.target.dtype, p.device, "target.dtype");
   p.drafter_dtype = on_gpu ? at::kBFloat16 : at::kFloat;
   return p;
 }
