@@ -113,10 +113,16 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dkv_wgmma_kernel(const
   for (int i = 0; i < D / 8; ++i)
     dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.f;
 
+  // Per item i (loads of item i+1 in flight; wgmma groups complete in issue order):
+  //   S^T(i), dP^T(i) issued as two groups -> wait<1>: S^T(i) done
+  //   -> P(i) on the CUDA cores while dP^T(i) runs on the tensor cores -> dV(i) issued
+  //   -> wait<1>: dP^T(i) done -> dS(i) while dV(i) runs -> dK(i) issued -> wait<0>.
+  // Masking: a warp whose 16 keys lie inside the context range of every row of the query tile
+  // (the common case when blocks are sorted by anchor) skips the per-element test.
   int buf = 0;
   while (item < nitems) {
     const int nxt = next_item(item + 1);
-    if (nxt < nitems) load_item(nxt, buf ^ 1);
+    if (nxt < nitems) load_item(nxt, buf ^ 1);  // that buffer's item is done (wait<0> below)
     cp_async_commit();
     cp_async_wait<1>();
     fence_proxy_async();
@@ -128,51 +134,80 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dkv_wgmma_kernel(const
     const float* sD = sL + kTileQ;
 
     float st[8][4], dpt[8][4];
-    reg_fence(dk);
-    reg_fence(dv);
     wg_fence();
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks)
       wgmma_ss_n64(st, desc_k<kTileK>(sK, ks), desc_k<kTileQ>(sQ, ks), ks > 0);
+    wg_commit();
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks)
       wgmma_ss_n64(dpt, desc_k<kTileK>(sV, ks), desc_k<kTileQ>(sdO, ks), ks > 0);
     wg_commit();
-    wg_wait<0>();
+    wg_wait<1>();
     reg_fence(st);
-    reg_fence(dpt);
 
+    // P^T = exp2(S^T * scale*log2e - lse*log2e) (0 where masked: S := -inf there). A row that sees
+    // no key has lse = -inf; its l2 is taken as +inf so that P = 0 without NaN.
+    const int kw = n0 + warp * 16;
+    const int4 r0 = sRows[lane], r1 = sRows[lane + 32];
+    const bool wfull = __all_sync(0xffffffffu, kw >= r0.x && kw + 16 <= r0.y && kw >= r1.x &&
+                                                   kw + 16 <= r1.y);
+    if (!wfull) {
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+      for (int j = 0; j < 8; ++j) {
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int ql = j * 8 + 2 * t4 + e;
-        const int4 rm = sRows[ql];
-        const float l2 = sL[ql] * kLog2e, dl = sD[ql];
-        const float pa = visible(rm, keyA) ? ex2(st[j][e] * sl2 - l2) : 0.f;
-        const float pb = visible(rm, keyB) ? ex2(st[j][2 + e] * sl2 - l2) : 0.f;
-        st[j][e] = pa;
-        st[j][2 + e] = pb;
-        dpt[j][e] = pa * (dpt[j][e] - dl);
-        dpt[j][2 + e] = pb * (dpt[j][2 + e] - dl);
+        for (int e = 0; e < 2; ++e) {
+          const int4 rm = sRows[j * 8 + 2 * t4 + e];
+          const bool va = (keyA >= rm.x) & (keyA < rm.y) | (keyA >= rm.z) & (keyA < rm.w);
+          const bool vb = (keyB >= rm.x) & (keyB < rm.y) | (keyB >= rm.z) & (keyB < rm.w);
+          st[j][e] = va ? st[j][e] : -INFINITY;
+          st[j][2 + e] = vb ? st[j][2 + e] : -INFINITY;
+        }
       }
     }
-    uint32_t pa[4][4], da[4][4];
+    uint32_t pa[4][4];
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      acc_to_a(st[2 * kk], st[2 * kk + 1], pa[kk]);
-      acc_to_a(dpt[2 * kk], dpt[2 * kk + 1], da[kk]);
+    for (int j = 0; j < 8; ++j) {
+      const float2 lv = *reinterpret_cast<const float2*>(sL + j * 8 + 2 * t4);
+      const float l0 = lv.x == -INFINITY ? INFINITY : lv.x * kLog2e;
+      const float l1 = lv.y == -INFINITY ? INFINITY : lv.y * kLog2e;
+      st[j][0] = ex2(fmaf(st[j][0], sl2, -l0));
+      st[j][1] = ex2(fmaf(st[j][1], sl2, -l1));
+      st[j][2] = ex2(fmaf(st[j][2], sl2, -l0));
+      st[j][3] = ex2(fmaf(st[j][3], sl2, -l1));
     }
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) acc_to_a(st[2 * kk], st[2 * kk + 1], pa[kk]);
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) wgmma_dkv<D>(dv, pa[kk], desc_mn<kTileQ>(sdO, kk));
+    wg_commit();
+    wg_wait<1>();
+    reg_fence(dpt);
+
+    // dS^T = P^T * (dP^T - delta), with P as rounded to bf16 for the dV product (pa): holding
+    // the fp32 P as well would not fit in the registers next to dK, dV and the in-flight pa.
+    uint32_t da[4][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float2 dl = *reinterpret_cast<const float2*>(sD + j * 8 + 2 * t4);
+      const float2 pA = bf16x2_to_float2(pa[j / 2][(j & 1) * 2]);
+      const float2 pB = bf16x2_to_float2(pa[j / 2][(j & 1) * 2 + 1]);
+      dpt[j][0] = pA.x * (dpt[j][0] - dl.x);
+      dpt[j][1] = pA.y * (dpt[j][1] - dl.y);
+      dpt[j][2] = pB.x * (dpt[j][2] - dl.x);
+      dpt[j][3] = pB.y * (dpt[j][3] - dl.y);
+    }
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) acc_to_a(dpt[2 * kk], dpt[2 * kk + 1], da[kk]);
+    wg_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) wgmma_dkv<D>(dk, da[kk], desc_mn<kTileQ>(sQ, kk));
     wg_commit();
     wg_wait<0>();
     reg_fence(dk);
     reg_fence(dv);
-    __syncthreads();
+    __syncthreads();  // every warp is done with this buffer before the next item refills it
     item = nxt;
     buf ^= 1;
   }

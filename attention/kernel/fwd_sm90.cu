@@ -58,13 +58,16 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_fwd_wgmma_kernel(const Att
   const int ntiles = n1 + n2;
   auto tile_start = [&](int t) { return t < n1 ? tq.x + t * kTileK : tq.z + (t - n1) * kTileK; };
 
+  // Pipeline (wgmma groups and cp.async groups each complete in issue order): iteration t issues
+  // S(t) = Q K(t)^T and then O += P(t-1) V(t-1); the softmax of tile t runs on the CUDA cores
+  // while P(t-1) V(t-1) is on the tensor cores; O is rescaled once that product is done. K(t+1)
+  // is loaded at the top of iteration t (K(t-1)'s buffer, read by S(t-1), long done) and V(t+1)
+  // once P(t-1) V(t-1) has completed (its buffer). cp.async groups: {Q, K0}, {V0}, K1, V1, K2, ...
   const uint32_t sQ = base, sK0 = base + S::kTile, sV0 = base + 3 * S::kTile;
   load_tile_w<kTileQ, D, kWgThreads>(sQ, q, p.q_sr, m0, p.q_len, tid);
-  if (ntiles > 0) {
-    const int n0 = tile_start(0);
-    load_tile_w<kTileK, D, kWgThreads>(sK0, k, p.k_sr, n0, p.kv_len, tid);
-    load_tile_w<kTileK, D, kWgThreads>(sV0, v, p.v_sr, n0, p.kv_len, tid);
-  }
+  if (ntiles > 0) load_tile_w<kTileK, D, kWgThreads>(sK0, k, p.k_sr, tile_start(0), p.kv_len, tid);
+  cp_async_commit();
+  if (ntiles > 0) load_tile_w<kTileK, D, kWgThreads>(sV0, v, p.v_sr, tile_start(0), p.kv_len, tid);
   cp_async_commit();
 
   const int g = lane >> 2, t4 = lane & 3;
@@ -77,19 +80,18 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_fwd_wgmma_kernel(const Att
 #pragma unroll
   for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
   float mA = -INFINITY, mB = -INFINITY, lA = 0.f, lB = 0.f;
+  uint32_t pa[4][4];  // P(t-1), the A operand of the product in flight
 
   for (int t = 0; t < ntiles; ++t) {
     const int buf = t & 1;
-    if (t + 1 < ntiles) {
-      const int n0n = tile_start(t + 1);
-      load_tile_w<kTileK, D, kWgThreads>(sK0 + (buf ^ 1) * S::kTile, k, p.k_sr, n0n, p.kv_len, tid);
-      load_tile_w<kTileK, D, kWgThreads>(sV0 + (buf ^ 1) * S::kTile, v, p.v_sr, n0n, p.kv_len, tid);
-    }
+    if (t + 1 < ntiles)
+      load_tile_w<kTileK, D, kWgThreads>(sK0 + (buf ^ 1) * S::kTile, k, p.k_sr, tile_start(t + 1),
+                                         p.kv_len, tid);
     cp_async_commit();
-    cp_async_wait<1>();
+    cp_async_wait<2>();  // K(t) and V(t-1) have landed
     fence_proxy_async();
     __syncthreads();
-    const uint32_t sK = sK0 + buf * S::kTile, sV = sV0 + buf * S::kTile;
+    const uint32_t sK = sK0 + buf * S::kTile;
     const int n0 = tile_start(t);
     const bool ctx = t < n1;
 
@@ -99,7 +101,15 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_fwd_wgmma_kernel(const Att
     for (int ks = 0; ks < D / 16; ++ks)
       wgmma_ss_n64(s, desc_k<kTileQ>(sQ, ks), desc_k<kTileK>(sK, ks), ks > 0);
     wg_commit();
-    wg_wait<0>();
+    if (t > 0) {
+      reg_fence(o);
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) wgmma_pv<D>(o, pa[kk], desc_mn<kTileK>(sV0 + (buf ^ 1) * S::kTile, kk));
+      wg_commit();
+      wg_wait<1>();
+    } else {
+      wg_wait<0>();
+    }
     reg_fence(s);
 
     const bool full = ctx && n0 >= rowA.x && n0 + kTileK <= rowA.y && n0 >= rowB.x &&
@@ -112,8 +122,8 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_fwd_wgmma_kernel(const Att
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int key = n0 + j * 8 + 2 * t4 + e;
-          if (!(key >= lo_a && key < hi_a)) s[j][e] = -INFINITY;
-          if (!(key >= lo_b && key < hi_b)) s[j][2 + e] = -INFINITY;
+          s[j][e] = (key >= lo_a) & (key < hi_a) ? s[j][e] : -INFINITY;
+          s[j][2 + e] = (key >= lo_b) & (key < hi_b) ? s[j][2 + e] : -INFINITY;
         }
       }
     }
@@ -143,6 +153,11 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_fwd_wgmma_kernel(const Att
       lA += s[j][0] + s[j][1];
       lB += s[j][2] + s[j][3];
     }
+    uint32_t pn[4][4];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) acc_to_a(s[2 * kk], s[2 * kk + 1], pn[kk]);
+    wg_wait<0>();  // P(t-1) V(t-1) done
+    reg_fence(o);
 #pragma unroll
     for (int i = 0; i < D / 8; ++i) {
       o[i][0] *= cA;
@@ -150,19 +165,29 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_fwd_wgmma_kernel(const Att
       o[i][2] *= cB;
       o[i][3] *= cB;
     }
-    uint32_t pa[4][4];
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) acc_to_a(s[2 * kk], s[2 * kk + 1], pa[kk]);
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) pa[kk][r] = pn[kk][r];
+    __syncthreads();  // every warp is done with V(t-1)'s buffer
+    if (t + 1 < ntiles)
+      load_tile_w<kTileK, D, kWgThreads>(sV0 + (buf ^ 1) * S::kTile, v, p.v_sr, tile_start(t + 1),
+                                         p.kv_len, tid);
+    cp_async_commit();
+  }
+  cp_async_wait<0>();
+  if (ntiles > 0) {
+    fence_proxy_async();
+    __syncthreads();
     reg_fence(o);
     wg_fence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wgmma_pv<D>(o, pa[kk], desc_mn<kTileK>(sV, kk));
+    for (int kk = 0; kk < 4; ++kk)
+      wgmma_pv<D>(o, pa[kk], desc_mn<kTileK>(sV0 + ((ntiles - 1) & 1) * S::kTile, kk));
     wg_commit();
     wg_wait<0>();
     reg_fence(o);
-    __syncthreads();
   }
-  cp_async_wait<0>();
 
   lA += __shfl_xor_sync(0xffffffffu, lA, 1);
   lA += __shfl_xor_sync(0xffffffffu, lA, 2);
@@ -247,7 +272,10 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dq_wgmma_kernel(const 
   const int4 rowA = rows[ra], rowB = rows[rb];
   const float* lse = p.lse + ((int64_t)b * p.Hq + h) * p.q_len;
   const float* delta = p.delta + ((int64_t)b * p.Hq + h) * p.q_len;
-  const float lA = ra < p.q_len ? lse[ra] * kLog2e : 0.f, lB = rb < p.q_len ? lse[rb] * kLog2e : 0.f;
+  // lse*log2e per row; a row that sees no key (lse = -inf) takes +inf so that P = 0 without NaN.
+  const float lseA = ra < p.q_len ? lse[ra] : 0.f, lseB = rb < p.q_len ? lse[rb] : 0.f;
+  const float lA = lseA == -INFINITY ? INFINITY : lseA * kLog2e;
+  const float lB = lseB == -INFINITY ? INFINITY : lseB * kLog2e;
   const float dA = ra < p.q_len ? delta[ra] : 0.f, dB = rb < p.q_len ? delta[rb] : 0.f;
   const float sl2 = p.scale * kLog2e;
 
@@ -255,6 +283,8 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dq_wgmma_kernel(const 
 #pragma unroll
   for (int i = 0; i < D / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
 
+  // Per key tile: S and dP issued as two wgmma groups; P computed while dP runs; then dS and
+  // dQ += dS K. The loads of tile t+1 go to the buffer tile t-1 used (its dQ product waited).
   for (int t = 0; t < ntiles; ++t) {
     const int buf = t & 1;
     if (t + 1 < ntiles) {
@@ -275,31 +305,44 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dq_wgmma_kernel(const 
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks)
       wgmma_ss_n64(s, desc_k<kTileQ>(sQ, ks), desc_k<kTileK>(sK, ks), ks > 0);
+    wg_commit();
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks)
       wgmma_ss_n64(dp, desc_k<kTileQ>(sdO, ks), desc_k<kTileK>(sV, ks), ks > 0);
     wg_commit();
-    wg_wait<0>();
+    wg_wait<1>();
     reg_fence(s);
-    reg_fence(dp);
 
     const bool full = ctx && n0 >= rowA.x && n0 + kTileK <= rowA.y && n0 >= rowB.x &&
                       n0 + kTileK <= rowB.y;
-    const bool all_full = __all_sync(0xffffffffu, full);
-    const int lo_a = ctx ? rowA.x : rowA.z, hi_a = ctx ? rowA.y : rowA.w;
-    const int lo_b = ctx ? rowB.x : rowB.z, hi_b = ctx ? rowB.y : rowB.w;
+    if (!__all_sync(0xffffffffu, full)) {
+      const int lo_a = ctx ? rowA.x : rowA.z, hi_a = ctx ? rowA.y : rowA.w;
+      const int lo_b = ctx ? rowB.x : rowB.z, hi_b = ctx ? rowB.y : rowB.w;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int key = n0 + j * 8 + 2 * t4 + e;
+          s[j][e] = (key >= lo_a) & (key < hi_a) ? s[j][e] : -INFINITY;
+          s[j][2 + e] = (key >= lo_b) & (key < hi_b) ? s[j][2 + e] : -INFINITY;
+        }
+      }
+    }
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
+      s[j][0] = ex2(fmaf(s[j][0], sl2, -lA));
+      s[j][1] = ex2(fmaf(s[j][1], sl2, -lA));
+      s[j][2] = ex2(fmaf(s[j][2], sl2, -lB));
+      s[j][3] = ex2(fmaf(s[j][3], sl2, -lB));
+    }
+    wg_wait<0>();
+    reg_fence(dp);
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int key = n0 + j * 8 + 2 * t4 + e;
-        const bool va = all_full || (key >= lo_a && key < hi_a);
-        const bool vb = all_full || (key >= lo_b && key < hi_b);
-        const float pa = va ? ex2(s[j][e] * sl2 - lA) : 0.f;
-        const float pb = vb ? ex2(s[j][2 + e] * sl2 - lB) : 0.f;
-        s[j][e] = pa * (dp[j][e] - dA);
-        s[j][2 + e] = pb * (dp[j][2 + e] - dB);
-      }
+    for (int j = 0; j < 8; ++j) {
+      s[j][0] *= dp[j][0] - dA;
+      s[j][1] *= dp[j][1] - dA;
+      s[j][2] *= dp[j][2] - dB;
+      s[j][3] *= dp[j][3] - dB;
     }
     uint32_t da[4][4];
 #pragma unroll

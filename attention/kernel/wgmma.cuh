@@ -25,19 +25,28 @@ __device__ __forceinline__ uint32_t swz_w(int row, int chunk) {
 }
 
 // Loads rows [row0, row0 + R) of a [*, D] bf16 matrix (row stride ld) into an R-row wgmma tile;
-// rows >= nrows are zero-filled. All NT threads take part.
+// rows >= nrows are zero-filled. All NT threads take part. Thread t always moves chunk t % (D/8)
+// of rows t / (D/8) + i * (NT*8/D), so its swizzle term is fixed and each further chunk costs one
+// address add and the copy (the common full tile takes no per-row bounds test).
 template <int R, int D, int NT>
 __device__ __forceinline__ void load_tile_w(uint32_t sdst, const __nv_bfloat16* gsrc, int64_t ld,
                                             int row0, int nrows, int tid) {
   constexpr int CH = D / 8;
-  static_assert((R * CH) % NT == 0, "tile chunks must divide among threads");
+  constexpr int RPI = NT / CH;  // rows per pass
+  static_assert(NT % CH == 0 && R % RPI == 0 && RPI % 8 == 0, "tile shape");
+  const int c = tid % CH, r0 = tid / CH;
+  const uint32_t dst = sdst + (c >> 3) * (R * 128) + r0 * 128 + (((c & 7) ^ (r0 & 7)) << 4);
+  const __nv_bfloat16* src = gsrc + (int64_t)(row0 + r0) * ld + c * 8;
+  const int64_t step = (int64_t)RPI * ld;
+  if (row0 + R <= nrows) {
 #pragma unroll
-  for (int i = 0; i < R * CH / NT; ++i) {
-    const int idx = i * NT + tid;
-    const int r = idx / CH, c = idx % CH;
-    const bool valid = row0 + r < nrows;
-    const __nv_bfloat16* src = gsrc + (valid ? (int64_t)(row0 + r) * ld + c * 8 : 0);
-    cp_async16(sdst + swz_w<R>(r, c), src, valid);
+    for (int i = 0; i < R / RPI; ++i) cp_async16(dst + i * RPI * 128, src + i * step, true);
+  } else {
+#pragma unroll
+    for (int i = 0; i < R / RPI; ++i) {
+      const bool valid = row0 + r0 + i * RPI < nrows;
+      cp_async16(dst + i * RPI * 128, valid ? src + i * step : gsrc, valid);
+    }
   }
 }
 
