@@ -207,6 +207,8 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dkv_wgmma_kernel(const
     wg_wait<0>();
     reg_fence(dk);
     reg_fence(dv);
+    reg_fence_a(pa);
+    reg_fence_a(da);
     __syncthreads();  // every warp is done with this buffer before the next item refills it
     item = nxt;
     buf ^= 1;

@@ -158,6 +158,7 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_fwd_wgmma_kernel(const Att
     for (int kk = 0; kk < 4; ++kk) acc_to_a(s[2 * kk], s[2 * kk + 1], pn[kk]);
     wg_wait<0>();  // P(t-1) V(t-1) done
     reg_fence(o);
+    reg_fence_a(pa);
 #pragma unroll
     for (int i = 0; i < D / 8; ++i) {
       o[i][0] *= cA;
@@ -187,6 +188,7 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_fwd_wgmma_kernel(const Att
     wg_commit();
     wg_wait<0>();
     reg_fence(o);
+    reg_fence_a(pa);
   }
 
   lA += __shfl_xor_sync(0xffffffffu, lA, 1);
@@ -354,6 +356,7 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dq_wgmma_kernel(const 
     wg_commit();
     wg_wait<0>();
     reg_fence(dq);
+    reg_fence_a(da);
     __syncthreads();
   }
   cp_async_wait<0>();

@@ -93,6 +93,16 @@ __device__ __forceinline__ void reg_fence(float (&d)[N][4]) {
   for (int i = 0; i < N; ++i)
     asm volatile("" : "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3])::"memory");
 }
+// Keeps register A operands (P or dS as bf16 pairs) alive, in the same registers, up to this
+// point: put it after the wait that retires the wgmma reading them. Without it the compiler may
+// reuse those registers while the asynchronous product still reads them (seen: ptxas does not
+// guard register A operands of an in-flight wgmma.mma_async).
+template <int N>
+__device__ __forceinline__ void reg_fence_a(uint32_t (&a)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+    asm volatile("" : "+r"(a[i][0]), "+r"(a[i][1]), "+r"(a[i][2]), "+r"(a[i][3])::"memory");
+}
 // D[64 x 32] (+)= A (smem, K-major) * B (smem, K-major); d has 4 n-tiles of 4 floats.
 __device__ __forceinline__ void wgmma_ss_n32(float (&d)[4][4], uint64_t da, uint64_t db, int acc) {
 #ifdef DFLASH_WGMMA
