@@ -113,18 +113,18 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dkv_wgmma_kernel(const
   for (int i = 0; i < D / 8; ++i)
     dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.f;
 
-  // Per item i (loads of item i+1 in flight; wgmma groups complete in issue order):
-  //   S^T(i), dP^T(i) issued as two groups -> wait<1>: S^T(i) done
+  // Per item i (wgmma groups complete in issue order):
+  //   S^T(i), dP^T(i) issued as two groups -> wait<1>: S^T(i) done, and dK(i-1) before it
+  //   -> item i-1's stage buffer is free: the loads of item i+1 go there
   //   -> P(i) on the CUDA cores while dP^T(i) runs on the tensor cores -> dV(i) issued
-  //   -> wait<1>: dP^T(i) done -> dS(i) while dV(i) runs -> dK(i) issued -> wait<0>.
+  //   -> wait<1>: dP^T(i) done -> dS(i) while dV(i) runs -> dK(i) issued -> wait<1> (dV(i)):
+  //   dK(i) runs on while the next item starts.
   // Masking: a warp whose 16 keys lie inside the context range of every row of the query tile
   // (the common case when blocks are sorted by anchor) skips the per-element test.
   int buf = 0;
+  uint32_t da[4][4];  // dS^T(i-1): A operand of dK(i-1), in flight into item i
   while (item < nitems) {
-    const int nxt = next_item(item + 1);
-    if (nxt < nitems) load_item(nxt, buf ^ 1);  // that buffer's item is done (wait<0> below)
-    cp_async_commit();
-    cp_async_wait<1>();
+    cp_async_wait<0>();
     fence_proxy_async();
     __syncthreads();
     const uint32_t sQ = sStage0 + buf * S::kStageAligned, sdO = sQ + S::kTile;
@@ -143,8 +143,14 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dkv_wgmma_kernel(const
     for (int ks = 0; ks < D / 16; ++ks)
       wgmma_ss_n64(dpt, desc_k<kTileK>(sV, ks), desc_k<kTileQ>(sdO, ks), ks > 0);
     wg_commit();
-    wg_wait<1>();
+    wg_wait<1>();  // S^T(i) done, and before it dK(i-1)
     reg_fence(st);
+    reg_fence(dk);
+    reg_fence_a(da);
+    __syncthreads();  // every warp is past dK(i-1): item i-1's buffer may be refilled
+    const int nxt = next_item(item + 1);
+    if (nxt < nitems) load_item(nxt, buf ^ 1);
+    cp_async_commit();
 
     // P^T = exp2(S^T * scale*log2e - lse*log2e) (0 where masked: S := -inf there). A row that sees
     // no key has lse = -inf; its l2 is taken as +inf so that P = 0 without NaN.
@@ -187,7 +193,6 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dkv_wgmma_kernel(const
 
     // dS^T = P^T * (dP^T - delta), with P as rounded to bf16 for the dV product (pa): holding
     // the fp32 P as well would not fit in the registers next to dK, dV and the in-flight pa.
-    uint32_t da[4][4];
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       const float2 dl = *reinterpret_cast<const float2*>(sD + j * 8 + 2 * t4);
@@ -204,15 +209,15 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dkv_wgmma_kernel(const
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) wgmma_dkv<D>(dk, da[kk], desc_mn<kTileQ>(sQ, kk));
     wg_commit();
-    wg_wait<0>();
-    reg_fence(dk);
+    wg_wait<1>();  // dV(i) done (pa free); dK(i) runs on under the next item's S^T, dP^T
     reg_fence(dv);
     reg_fence_a(pa);
-    reg_fence_a(da);
-    __syncthreads();  // every warp is done with this buffer before the next item refills it
     item = nxt;
     buf ^= 1;
   }
+  wg_wait<0>();
+  reg_fence(dk);
+  reg_fence_a(da);
   cp_async_wait<0>();
 
   bf16* dko = static_cast<bf16*>(p.dk) + b * p.dk_sb + hk * p.dk_sh;

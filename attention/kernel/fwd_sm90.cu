@@ -285,17 +285,13 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dq_wgmma_kernel(const 
 #pragma unroll
   for (int i = 0; i < D / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
 
-  // Per key tile: S and dP issued as two wgmma groups; P computed while dP runs; then dS and
-  // dQ += dS K. The loads of tile t+1 go to the buffer tile t-1 used (its dQ product waited).
+  // Per key tile t: S(t) and dP(t) issued as two wgmma groups -> wait<1>: S(t) done, and
+  // dQ(t-1) before it -> tile t-1's buffers are free: the loads of tile t+1 go there -> P on the
+  // CUDA cores while dP(t) runs -> dS -> dQ(t) += dS K(t) issued, running on into tile t+1.
+  uint32_t da[4][4];  // dS(t-1): A operand of dQ(t-1), in flight into iteration t
   for (int t = 0; t < ntiles; ++t) {
     const int buf = t & 1;
-    if (t + 1 < ntiles) {
-      const int n0n = tile_start(t + 1);
-      load_tile_w<kTileK, D, kWgThreads>(sK0 + (buf ^ 1) * S::kTile, k, p.k_sr, n0n, p.kv_len, tid);
-      load_tile_w<kTileK, D, kWgThreads>(sV0 + (buf ^ 1) * S::kTile, v, p.v_sr, n0n, p.kv_len, tid);
-    }
-    cp_async_commit();
-    cp_async_wait<1>();
+    cp_async_wait<0>();
     fence_proxy_async();
     __syncthreads();
     const uint32_t sK = sK0 + buf * S::kTile, sV = sV0 + buf * S::kTile;
@@ -314,6 +310,15 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dq_wgmma_kernel(const 
     wg_commit();
     wg_wait<1>();
     reg_fence(s);
+    reg_fence(dq);
+    reg_fence_a(da);
+    __syncthreads();  // every warp is past dQ(t-1): tile t-1's buffers may be refilled
+    if (t + 1 < ntiles) {
+      const int n0n = tile_start(t + 1);
+      load_tile_w<kTileK, D, kWgThreads>(sK0 + (buf ^ 1) * S::kTile, k, p.k_sr, n0n, p.kv_len, tid);
+      load_tile_w<kTileK, D, kWgThreads>(sV0 + (buf ^ 1) * S::kTile, v, p.v_sr, n0n, p.kv_len, tid);
+    }
+    cp_async_commit();
 
     const bool full = ctx && n0 >= rowA.x && n0 + kTileK <= rowA.y && n0 >= rowB.x &&
                       n0 + kTileK <= rowB.y;
@@ -346,19 +351,16 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dq_wgmma_kernel(const 
       s[j][2] *= dp[j][2] - dB;
       s[j][3] *= dp[j][3] - dB;
     }
-    uint32_t da[4][4];
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) acc_to_a(s[2 * kk], s[2 * kk + 1], da[kk]);
-    reg_fence(dq);
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) wgmma_pv<D>(dq, da[kk], desc_mn<kTileK>(sK, kk));
     wg_commit();
-    wg_wait<0>();
-    reg_fence(dq);
-    reg_fence_a(da);
-    __syncthreads();
   }
+  wg_wait<0>();
+  reg_fence(dq);
+  reg_fence_a(da);
   cp_async_wait<0>();
 
   bf16* dqo = static_cast<bf16*>(p.dq) + b * p.dq_sb + h * p.dq_sh;
