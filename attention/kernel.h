@@ -19,9 +19,11 @@
 //   ktiles [B, nkt, 2]         per 64-key tile: first and one-past-last query tile that sees it
 // Numerics: bf16 inputs, fp32 accumulation; LSE in natural log; scale = d^-0.5.
 // Kernels: on sm_90 with the sm_90a code built in (DFLASH_CUDA_ARCHS contains 90a) the three
-// matmul stages use Hopper wgmma (kernel/fwd_sm90.cu, kernel/bwd_sm90.cu); elsewhere mma.sync
+// matmul stages use Hopper wgmma, software-pipelined so that each warpgroup's softmax / P / dS
+// work overlaps its own products (kernel/fwd_sm90.cu, kernel/bwd_sm90.cu); elsewhere mma.sync
 // (kernel/fwd.cu, kernel/bwd.cu, sm_80+). The backward is deterministic (no atomics): delta, a dQ
-// pass over query tiles, a dK/dV pass over key tiles (GQA groups reduced inside the CTA).
+// pass over query tiles, a dK/dV pass over key tiles (GQA groups reduced inside the CTA). The
+// wgmma dK/dV pass forms dS from P as rounded to bf16 (registers; see kernel/NOTES.md).
 // Measurements and design notes: attention/kernel/NOTES.md.
 // Thread-safety: launches are stream-ordered on the current CUDA stream; no global state.
 #pragma once
