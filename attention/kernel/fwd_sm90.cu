@@ -140,6 +140,9 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_fwd_wgmma_kernel(const Att
     const float uA = mxA == -INFINITY ? 0.f : mxA * sl2;
     const float uB = mxB == -INFINITY ? 0.f : mxB * sl2;
     const float cA = ex2(mA * sl2 - uA), cB = ex2(mB * sl2 - uB);
+    // No row of the warp has a new maximum (the common case once a few tiles are in): the
+    // rescale factors are exactly 1 (or 0 on rows with nothing accumulated), so O stays as is.
+    const bool keep_o = __all_sync(0xffffffffu, mxA == mA && mxB == mB);
     mA = mxA;
     mB = mxB;
     lA *= cA;
@@ -159,12 +162,14 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_fwd_wgmma_kernel(const Att
     wg_wait<0>();  // P(t-1) V(t-1) done
     reg_fence(o);
     reg_fence_a(pa);
+    if (!keep_o) {
 #pragma unroll
-    for (int i = 0; i < D / 8; ++i) {
-      o[i][0] *= cA;
-      o[i][1] *= cA;
-      o[i][2] *= cB;
-      o[i][3] *= cB;
+      for (int i = 0; i < D / 8; ++i) {
+        o[i][0] *= cA;
+        o[i][1] *= cA;
+        o[i][2] *= cB;
+        o[i][3] *= cB;
+      }
     }
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
