@@ -139,9 +139,11 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_fwd_wgmma_kernel(const Att
     mxB = fmaxf(mxB, __shfl_xor_sync(0xffffffffu, mxB, 2));
     const float uA = mxA == -INFINITY ? 0.f : mxA * sl2;
     const float uB = mxB == -INFINITY ? 0.f : mxB * sl2;
-    const float cA = ex2(mA * sl2 - uA), cB = ex2(mB * sl2 - uB);
-    // No row of the warp has a new maximum (the common case once a few tiles are in): the
-    // rescale factors are exactly 1 (or 0 on rows with nothing accumulated), so O stays as is.
+    // Rescale factor exp(m_old - m_new): exactly 1 where the maximum did not change (an FFMA of
+    // m*sl2 - u would leave a rounding residual there). When no row of the warp has a new
+    // maximum (the common case once a few tiles are in), O is left as is.
+    const float cA = mxA == mA ? 1.f : ex2(mA * sl2 - uA);
+    const float cB = mxB == mB ? 1.f : ex2(mB * sl2 - uB);
     const bool keep_o = __all_sync(0xffffffffu, mxA == mA && mxB == mB);
     mA = mxA;
     mB = mxB;
