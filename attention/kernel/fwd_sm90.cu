@@ -23,6 +23,29 @@ using namespace dev;
 
 constexpr int kWgThreads = 128;
 
+#ifdef DFLASH_WGMMA
+// Sets S to -inf where the key is not visible, for a 64-key tile at n0 of the context (ctx) or
+// block region: rows A and B of this thread (metadata rowA, rowB), keys n0 + 8j + 2*t4 + e. A warp
+// whose rows all see the whole tile (the common case with sorted blocks) skips the test.
+__device__ __forceinline__ void mask_tile(float (&s)[8][4], int n0, bool ctx, const int4& rowA,
+                                          const int4& rowB, int t4) {
+  const bool full = ctx && n0 >= rowA.x && n0 + kTileK <= rowA.y && n0 >= rowB.x &&
+                    n0 + kTileK <= rowB.y;
+  if (__all_sync(0xffffffffu, full)) return;
+  const int lo_a = ctx ? rowA.x : rowA.z, hi_a = ctx ? rowA.y : rowA.w;
+  const int lo_b = ctx ? rowB.x : rowB.z, hi_b = ctx ? rowB.y : rowB.w;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int key = n0 + j * 8 + 2 * t4 + e;
+      s[j][e] = (key >= lo_a) & (key < hi_a) ? s[j][e] : -INFINITY;
+      s[j][2 + e] = (key >= lo_b) & (key < hi_b) ? s[j][2 + e] : -INFINITY;
+    }
+  }
+}
+#endif
+
 template <int D>
 struct FwdWgSmem {
   static constexpr int kTile = kTileQ * D * 2;  // == kTileK * D * 2
@@ -112,21 +135,7 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_fwd_wgmma_kernel(const Att
     }
     reg_fence(s);
 
-    const bool full = ctx && n0 >= rowA.x && n0 + kTileK <= rowA.y && n0 >= rowB.x &&
-                      n0 + kTileK <= rowB.y;
-    if (!__all_sync(0xffffffffu, full)) {
-      const int lo_a = ctx ? rowA.x : rowA.z, hi_a = ctx ? rowA.y : rowA.w;
-      const int lo_b = ctx ? rowB.x : rowB.z, hi_b = ctx ? rowB.y : rowB.w;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int key = n0 + j * 8 + 2 * t4 + e;
-          s[j][e] = (key >= lo_a) & (key < hi_a) ? s[j][e] : -INFINITY;
-          s[j][2 + e] = (key >= lo_b) & (key < hi_b) ? s[j][2 + e] : -INFINITY;
-        }
-      }
-    }
+    mask_tile(s, n0, ctx, rowA, rowB, t4);
     float mxA = mA, mxB = mB;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
@@ -327,21 +336,7 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dq_wgmma_kernel(const 
     }
     cp_async_commit();
 
-    const bool full = ctx && n0 >= rowA.x && n0 + kTileK <= rowA.y && n0 >= rowB.x &&
-                      n0 + kTileK <= rowB.y;
-    if (!__all_sync(0xffffffffu, full)) {
-      const int lo_a = ctx ? rowA.x : rowA.z, hi_a = ctx ? rowA.y : rowA.w;
-      const int lo_b = ctx ? rowB.x : rowB.z, hi_b = ctx ? rowB.y : rowB.w;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int key = n0 + j * 8 + 2 * t4 + e;
-          s[j][e] = (key >= lo_a) & (key < hi_a) ? s[j][e] : -INFINITY;
-          s[j][2 + e] = (key >= lo_b) & (key < hi_b) ? s[j][2 + e] : -INFINITY;
-        }
-      }
-    }
+    mask_tile(s, n0, ctx, rowA, rowB, t4);
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       s[j][0] = ex2(fmaf(s[j][0], sl2, -lA));
