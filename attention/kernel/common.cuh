@@ -114,10 +114,6 @@ __device__ __forceinline__ void acc_to_a(const float (&c0)[4], const float (&c1)
   a[3] = pack_bf16(c1[2], c1[3]);
 }
 
-__device__ __forceinline__ float2 bf16x2_to_float2(uint32_t v) {
-  return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
-}
-
 __device__ __forceinline__ void store_bf16x2(void* p, float lo, float hi) {
   *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(lo, hi);
 }

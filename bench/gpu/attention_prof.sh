@@ -2,6 +2,7 @@
 # Nsight Compute profile of the three attention kernel stages (forward, dQ pass, dK/dV pass) on
 # one shape, one launch each: speed of light, compute and memory workload, warp stalls.
 #   bash bench/gpu/attention_prof.sh BUILD_DIR OUT_DIR [train|long]
+#   (or bash bench/gpu/run_all.sh attention_prof; not part of run_all's default set)
 # targets: attention_bench
 set -uo pipefail
 BUILD=${1:?usage: attention_prof.sh BUILD_DIR OUT_DIR [shape]}

@@ -6,7 +6,7 @@
 #   bash bench/gpu/run_all.sh [step ...]
 #     step = an area (bench/gpu/<area>.sh), or "a|b": area a on GPU 0 and b on GPU 1 at once
 #     (each "a" may itself be "a,c": run one after the other on that GPU)
-#   default: every bench/gpu/*.sh but this one, one after the other
+#   default: every bench/gpu/*.sh but this one and the profilers (*_prof.sh), one after the other
 # The device machine gets no .git: pass DFLASH_COMMIT=$(git rev-parse --short HEAD) to record it.
 # On the H200 machines LibTorch is the system python3's torch. NVLink multicast stays off.
 set -uo pipefail
@@ -28,7 +28,9 @@ cp "$OUT/machine.txt" "$FINAL_OUT/"
 
 steps=("$@")
 if [ ${#steps[@]} -eq 0 ]; then
-  for f in bench/gpu/*.sh; do n=$(basename "$f" .sh); [ "$n" = run_all ] || steps+=("$n"); done
+  for f in bench/gpu/*.sh; do
+    n=$(basename "$f" .sh); [ "$n" = run_all ] || [[ $n == *_prof ]] || steps+=("$n")
+  done
 fi
 areas=$(printf '%s\n' "${steps[@]}" | tr '|,' '\n\n' | sort -u)
 
