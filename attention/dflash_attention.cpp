@@ -5,7 +5,7 @@
 #include <ATen/ATen.h>
 
 #include "attention/reference.h"
-#include "comm/error.h"
+#include "core/error.h"
 
 // The kernel's entry points exist when attention/kernel_cuda.cpp is built (CUDA builds).
 #if DFLASH_ATTENTION_KERNEL

@@ -12,7 +12,7 @@
 
 #include <cmath>
 
-#include "comm/error.h"
+#include "core/error.h"
 
 namespace dflash::attention {
 

@@ -22,9 +22,9 @@
 #include <string>
 
 #include "comm/communicator.h"
-#include "comm/error.h"
+#include "core/error.h"
 #include "comm/identity.h"
-#include "comm/log.h"
+#include "core/log.h"
 #include "comm/watchdog.h"
 
 using namespace dflash::comm;

@@ -21,13 +21,13 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #ifdef DFLASH_CUDA
-#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #endif
 
 #include "attention/dflash_attention.h"
 #include "attention/reference.h"
-#include "comm/error.h"
+#include "core/device.h"
+#include "core/error.h"
 #include "trainer/model/anchors.h"
 #include "trainer/model/drafter.h"
 
@@ -37,38 +37,6 @@ using namespace dflash::model;
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-void sync(at::Device dev) {
-#ifdef DFLASH_CUDA
-  if (dev.is_cuda()) c10::cuda::device_synchronize();
-#endif
-  (void)dev;
-}
-
-double peak_gib(at::Device dev) {
-#ifdef DFLASH_CUDA
-  if (dev.is_cuda()) {
-    auto st = c10::cuda::CUDACachingAllocator::getDeviceStats(dev.index());
-    return static_cast<double>(st.allocated_bytes[0].peak) / (1024.0 * 1024.0 * 1024.0);
-  }
-#endif
-  (void)dev;
-  return 0;
-}
-
-void reset_peak(at::Device dev) {
-#ifdef DFLASH_CUDA
-  if (dev.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(dev.index());
-#endif
-  (void)dev;
-}
-
-void empty_cache(at::Device dev) {
-#ifdef DFLASH_CUDA
-  if (dev.is_cuda()) c10::cuda::CUDACachingAllocator::emptyCache();
-#endif
-  (void)dev;
-}
 
 std::vector<int64_t> ints(const std::string& s) {
   std::vector<int64_t> v;
@@ -87,11 +55,11 @@ double matmul_tflops(at::Device dev, at::ScalarType dt) {
   auto a = at::randn({n, n}, at::TensorOptions().dtype(dt).device(dev));
   auto b = at::randn({n, n}, at::TensorOptions().dtype(dt).device(dev));
   for (int i = 0; i < 3; ++i) at::mm(a, b);
-  sync(dev);
+  device::sync(dev);
   const int reps = dev.is_cuda() ? 30 : 3;
   auto t0 = Clock::now();
   for (int i = 0; i < reps; ++i) at::mm(a, b);
-  sync(dev);
+  device::sync(dev);
   const double s = std::chrono::duration<double>(Clock::now() - t0).count();
   return 2.0 * n * n * n * reps / s / 1e12;
 }
@@ -238,19 +206,19 @@ int main(int argc, char** argv) {
     double flops = 0, P = 0;
     std::string err;
     try {
-      empty_cache(dev);
-      reset_peak(dev);
+      device::empty_cache(dev);
+      device::reset_peak(dev);
       for (int64_t it = 0; it < warmup + iters; ++it) {
         batch.global_batch_index = it;
         ao.batch_index = it;
         auto blocks = sample_blocks(batch.loss_mask, {}, ao);
-        sync(dev);
+        device::sync(dev);
         auto t0 = Clock::now();
         auto out = drafter.forward_blocks(batch, blocks, opt);
-        sync(dev);
+        device::sync(dev);
         auto t1 = Clock::now();
         out.loss.backward();
-        sync(dev);
+        device::sync(dev);
         auto t2 = Clock::now();
         for (auto& p : drafter.parameters()) p.mutable_grad().reset();
         if (it >= warmup) {
@@ -266,7 +234,7 @@ int main(int argc, char** argv) {
                   3.0 * L * pair_flops * pairs;
         }
       }
-      peak = peak_gib(dev);
+      peak = device::peak_memory_gib(dev);
     } catch (const std::exception& e) {
       err = e.what();
       err = err.substr(0, std::min<size_t>(err.find('\n'), 120));

@@ -43,7 +43,7 @@
 #include <cuda_runtime.h>
 #endif
 
-#include "comm/error.h"
+#include "core/error.h"
 #include "trainer/model/hf_config.h"
 #include "trainer/model/safetensors.h"
 #include "trainer/model/target.h"

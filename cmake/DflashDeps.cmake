@@ -73,16 +73,26 @@ target_link_libraries(dflash_torch INTERFACE ${TORCH_LIBRARIES})
 # LibTorch's flags (ABI define) without its -Wno-... noise
 target_compile_options(dflash_torch INTERFACE ${TORCH_CXX_FLAGS})
 
-add_library(dflash_deps INTERFACE)
-add_library(dflash::deps ALIAS dflash_deps)
+# What every library of ours may use (core/ uses nothing more): fmt, threads, the CUDA runtime.
 # fmt header-only: LibTorch's include dir carries fmt headers of another version that can
 # shadow the system's; header-only mode is consistent whichever is found first.
-target_link_libraries(dflash_deps INTERFACE MPI::MPI_CXX ${DFLASH_YAML} fmt::fmt-header-only Threads::Threads)
+add_library(dflash_base INTERFACE)
+add_library(dflash::base ALIAS dflash_base)
+target_link_libraries(dflash_base INTERFACE fmt::fmt-header-only Threads::Threads)
+# The communication libraries (comm/ links them; the trainer and tools get them through it).
+add_library(dflash_comm_deps INTERFACE)
+add_library(dflash::comm_deps ALIAS dflash_comm_deps)
+target_link_libraries(dflash_comm_deps INTERFACE MPI::MPI_CXX)
+# Everything, for executables (tests, benchmarks, dflash_rank).
+add_library(dflash_deps INTERFACE)
+add_library(dflash::deps ALIAS dflash_deps)
+target_link_libraries(dflash_deps INTERFACE dflash::base dflash::comm_deps ${DFLASH_YAML})
 
 if(DFLASH_CUDA)
   include(FindDflashNCCL)
-  target_link_libraries(dflash_deps INTERFACE dflash::nccl CUDA::cudart)
-  target_compile_definitions(dflash_deps INTERFACE DFLASH_CUDA=1)
+  target_link_libraries(dflash_base INTERFACE CUDA::cudart)
+  target_compile_definitions(dflash_base INTERFACE DFLASH_CUDA=1)
+  target_link_libraries(dflash_comm_deps INTERFACE dflash::nccl)
 endif()
 
 option(DFLASH_WERROR "Treat warnings in our code as errors" OFF)
@@ -94,18 +104,18 @@ target_compile_options(dflash_warnings INTERFACE
 # Precompiled LibTorch headers: the ATen headers dominate every translation unit.
 file(WRITE ${CMAKE_BINARY_DIR}/dflash_pch_dummy.cpp "")
 add_library(dflash_pch STATIC ${CMAKE_BINARY_DIR}/dflash_pch_dummy.cpp)
-target_link_libraries(dflash_pch PUBLIC dflash::torch dflash::deps)
+target_link_libraries(dflash_pch PUBLIC dflash::torch dflash::base)
 target_precompile_headers(dflash_pch PUBLIC
   $<$<COMPILE_LANGUAGE:CXX>:<ATen/ATen.h$<ANGLE-R>>
   $<$<COMPILE_LANGUAGE:CXX>:<torch/csrc/autograd/custom_function.h$<ANGLE-R>>
-  $<$<COMPILE_LANGUAGE:CXX>:<fmt/format.h$<ANGLE-R>>
-  $<$<COMPILE_LANGUAGE:CXX>:<yaml-cpp/yaml.h$<ANGLE-R>>)
+  $<$<COMPILE_LANGUAGE:CXX>:<fmt/format.h$<ANGLE-R>>)
 
-# Helper: a library of ours with the shared PCH and warnings.
+# Helper: a library of ours with the shared PCH and warnings. It links LibTorch and dflash::base;
+# each library adds its own further dependencies (the layering of docs/architecture.md).
 function(dflash_library name)
   add_library(${name} STATIC ${ARGN})
   target_include_directories(${name} PUBLIC ${CMAKE_SOURCE_DIR})
-  target_link_libraries(${name} PUBLIC dflash::torch dflash::deps PRIVATE dflash::warnings)
+  target_link_libraries(${name} PUBLIC dflash::torch dflash::base PRIVATE dflash::warnings)
   target_precompile_headers(${name} REUSE_FROM dflash_pch)
 endfunction()
 

@@ -6,8 +6,8 @@
 
 #include <fmt/ranges.h>
 
-#include "comm/error.h"
-#include "comm/log.h"
+#include "core/error.h"
+#include "core/log.h"
 
 namespace dflash::comm {
 namespace {

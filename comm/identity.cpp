@@ -7,8 +7,9 @@
 #include <charconv>
 #include <cstdlib>
 
-#include "comm/error.h"
-#include "comm/log.h"
+#include "comm/check.h"
+#include "core/error.h"
+#include "core/log.h"
 
 #ifdef DFLASH_CUDA
 #include <c10/cuda/CUDAFunctions.h>

@@ -45,8 +45,9 @@
 #include <fmt/ranges.h>
 
 #include "comm/communicator.h"
-#include "comm/error.h"
-#include "comm/log.h"
+#include "comm/check.h"
+#include "core/error.h"
+#include "core/log.h"
 #include "comm/store.h"
 
 namespace dflash::comm {

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/error.h"
+#include "core/error.h"
 
 namespace dflash::comm {
 

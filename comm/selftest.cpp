@@ -9,8 +9,8 @@
 
 #include <fmt/ranges.h>
 
-#include "comm/error.h"
-#include "comm/log.h"
+#include "core/error.h"
+#include "core/log.h"
 #include "comm/store.h"
 #include "comm/watchdog.h"
 

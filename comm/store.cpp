@@ -11,9 +11,9 @@
 
 #include <fmt/ranges.h>
 
-#include "comm/error.h"
+#include "core/error.h"
 #include "comm/identity.h"
-#include "comm/log.h"
+#include "core/log.h"
 
 namespace dflash::comm {
 namespace {

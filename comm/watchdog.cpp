@@ -15,9 +15,9 @@
 #include <mutex>
 #include <thread>
 
-#include "comm/error.h"
+#include "core/error.h"
 #include "comm/identity.h"
-#include "comm/log.h"
+#include "core/log.h"
 
 namespace dflash::comm {
 namespace {

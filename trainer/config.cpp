@@ -1,6 +1,5 @@
 #include "trainer/config.h"
 
-#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -9,7 +8,8 @@
 #include <fmt/ranges.h>
 #include <yaml-cpp/yaml.h>
 
-#include "comm/error.h"
+#include "core/error.h"
+#include "core/files.h"
 
 namespace dflash {
 namespace {
@@ -260,7 +260,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   std::ifstream f(path);
   if (!f) {
     throw_user("config file '{}' {}", path,
-               std::filesystem::exists(path) ? "cannot be read" : "does not exist");
+               files::exists(path) ? "cannot be read" : "does not exist");
   }
   std::stringstream ss;
   ss << f.rdbuf();

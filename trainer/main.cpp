@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "comm/error.h"
-#include "comm/log.h"
+#include "core/error.h"
+#include "core/log.h"
 #include "comm/selftest.h"
 #include "comm/watchdog.h"
 #include "trainer/config.h"

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "attention/dflash_attention.h"
-#include "comm/error.h"
+#include "core/error.h"
 #if DFLASH_ATTENTION_KERNEL
 #include <c10/cuda/CUDAStream.h>
 

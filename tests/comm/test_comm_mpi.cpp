@@ -14,7 +14,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include "comm/communicator.h"
-#include "comm/error.h"
+#include "core/error.h"
 #include "comm/identity.h"
 #include "comm/watchdog.h"
 

@@ -4,7 +4,7 @@
 
 #include <map>
 
-#include "comm/error.h"
+#include "core/error.h"
 #include "comm/identity.h"
 
 using namespace dflash::comm;

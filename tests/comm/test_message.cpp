@@ -6,7 +6,7 @@
 #include <thread>
 
 #include "comm/communicator.h"
-#include "comm/error.h"
+#include "core/error.h"
 #include "comm/watchdog.h"
 
 using namespace dflash::comm;

@@ -5,7 +5,7 @@
 
 #include <map>
 
-#include "comm/error.h"
+#include "core/error.h"
 #include "comm/schedule.h"
 
 using namespace dflash::comm;

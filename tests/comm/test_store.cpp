@@ -9,7 +9,7 @@
 
 #include <thread>
 
-#include "comm/error.h"
+#include "core/error.h"
 #include "comm/store.h"
 
 using namespace dflash::comm;

@@ -11,7 +11,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "comm/error.h"
+#include "core/error.h"
 #include "trainer/data/dataset.h"
 
 int main(int argc, char** argv) {

@@ -9,8 +9,8 @@
 #include <fstream>
 #include <set>
 
-#include "comm/error.h"
-#include "trainer/checkpoint/files.h"
+#include "core/error.h"
+#include "core/files.h"
 #include "trainer/data/dataset.h"
 #include "trainer/data/shard.h"
 

@@ -22,7 +22,7 @@
 #include <torch/csrc/autograd/autograd.h>
 
 #include "attention/dflash_attention.h"
-#include "comm/error.h"
+#include "core/error.h"
 #include "trainer/model/anchors.h"
 #include "trainer/model/drafter.h"
 #include "trainer/model/export.h"

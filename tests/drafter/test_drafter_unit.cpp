@@ -9,10 +9,10 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include "attention/dflash_attention.h"
-#include "comm/error.h"
+#include "core/error.h"
 #include "trainer/config.h"
 #include "trainer/model/anchors.h"
-#include "trainer/checkpoint/files.h"
+#include "core/files.h"
 #include "trainer/model/drafter.h"
 #include "trainer/model/export.h"
 #include "trainer/model/loss.h"

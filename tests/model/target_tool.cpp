@@ -25,7 +25,7 @@
 #include <ATen/ATen.h>
 #include <fmt/ranges.h>
 
-#include "comm/error.h"
+#include "core/error.h"
 #include "trainer/model/safetensors.h"
 #include "trainer/model/target.h"
 

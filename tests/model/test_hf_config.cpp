@@ -5,7 +5,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
-#include "comm/error.h"
+#include "core/error.h"
 #include "trainer/model/hf_config.h"
 
 using dflash::UserError;

@@ -11,9 +11,9 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
-#include "comm/error.h"
+#include "core/error.h"
 #include "trainer/model/safetensors.h"
-#include "trainer/model/target_json.h"
+#include "core/json.h"
 
 namespace fs = std::filesystem;
 using dflash::UserError;

@@ -13,7 +13,7 @@
 
 #include <ATen/ATen.h>
 
-#include "comm/error.h"
+#include "core/error.h"
 #include "trainer/model/safetensors.h"
 #include "trainer/optim/adamw.h"
 

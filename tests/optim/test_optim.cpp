@@ -6,7 +6,7 @@
 
 #include <cmath>
 
-#include "comm/error.h"
+#include "core/error.h"
 #include "trainer/optim/adamw.h"
 
 using namespace dflash::optim;

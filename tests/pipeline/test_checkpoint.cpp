@@ -7,9 +7,9 @@
 
 #include <fstream>
 
-#include "comm/error.h"
+#include "core/error.h"
 #include "trainer/checkpoint/checkpoint.h"
-#include "trainer/checkpoint/files.h"
+#include "core/files.h"
 
 using namespace dflash;
 

@@ -3,9 +3,9 @@
 
 #include <unistd.h>
 
-#include "trainer/checkpoint/files.h"
+#include "core/files.h"
 #include "trainer/metrics/metrics.h"
-#include "trainer/model/target_json.h"
+#include "core/json.h"
 
 using namespace dflash;
 

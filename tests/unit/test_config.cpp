@@ -1,7 +1,7 @@
 // Config loading: strict keys, types, overrides, printing round trip.
 #include <gtest/gtest.h>
 
-#include "comm/error.h"
+#include "core/error.h"
 #include "trainer/config.h"
 
 using dflash::parse_config;

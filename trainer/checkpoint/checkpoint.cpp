@@ -10,11 +10,11 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "comm/error.h"
-#include "comm/log.h"
-#include "trainer/checkpoint/files.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/files.h"
 #include "trainer/model/safetensors.h"
-#include "trainer/model/target_json.h"
+#include "core/json.h"
 
 namespace dflash::ckpt {
 namespace {

@@ -4,7 +4,7 @@
 
 #include <ATen/ATen.h>
 
-#include "comm/error.h"
+#include "core/error.h"
 
 namespace dflash::data {
 namespace {

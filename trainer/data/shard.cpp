@@ -11,8 +11,8 @@
 #include <cstring>
 #include <fstream>
 
-#include "comm/error.h"
-#include "trainer/checkpoint/files.h"
+#include "core/error.h"
+#include "core/files.h"
 
 namespace dflash::data {
 namespace {

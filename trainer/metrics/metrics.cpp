@@ -8,9 +8,10 @@
 
 #include <fmt/format.h>
 
-#include "comm/error.h"
-#include "comm/log.h"
-#include "trainer/checkpoint/files.h"
+#include "core/device.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "core/files.h"
 
 namespace dflash::metrics {
 namespace {
@@ -76,18 +77,6 @@ void MetricsLog::announce(const std::string& line) {
   }
 }
 
-double peak_rss_gb() {
-  std::ifstream f("/proc/self/status");
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) {
-      std::istringstream ss(line.substr(6));
-      double kb = 0;
-      ss >> kb;
-      return kb / (1024.0 * 1024.0);
-    }
-  }
-  return 0.0;
-}
+double peak_rss_gb() { return device::peak_rss_gib(); }
 
 }  // namespace dflash::metrics

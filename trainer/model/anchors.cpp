@@ -5,7 +5,7 @@
 
 #include <ATen/ATen.h>
 
-#include "comm/error.h"
+#include "core/error.h"
 
 namespace dflash::model {
 namespace {

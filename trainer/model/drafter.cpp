@@ -9,7 +9,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/autograd/custom_function.h>
 
-#include "comm/error.h"
+#include "core/error.h"
 #include "trainer/config.h"
 #include "trainer/model/hf_config.h"
 #include "trainer/model/loss.h"

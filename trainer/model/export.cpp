@@ -9,11 +9,11 @@
 
 #include <ATen/ATen.h>
 
-#include "comm/error.h"
-#include "trainer/checkpoint/files.h"
+#include "core/error.h"
+#include "core/files.h"
 #include "trainer/config.h"
 #include "trainer/model/safetensors.h"
-#include "trainer/model/target_json.h"
+#include "core/json.h"
 
 namespace dflash::model {
 namespace {

@@ -2,12 +2,12 @@
 #include "trainer/model/hf_config.h"
 
 #include <cmath>
-#include <filesystem>
 
 #include <ATen/ATen.h>
 
-#include "comm/error.h"
-#include "trainer/model/target_json.h"
+#include "core/error.h"
+#include "core/files.h"
+#include "core/json.h"
 
 namespace dflash::model {
 
@@ -166,11 +166,8 @@ HfConfig parse_hf_config(const std::string& text, const std::string& where) {
 }
 
 HfConfig load_hf_config(const std::string& path) {
-  std::error_code ec;
-  std::string file = std::filesystem::is_directory(path, ec)
-                         ? (std::filesystem::path(path) / "config.json").string()
-                         : path;
-  if (!std::filesystem::exists(file, ec)) throw_user("model config '{}' does not exist", file);
+  std::string file = files::is_dir(path) ? files::join(path, "config.json") : path;
+  if (!files::exists(file)) throw_user("model config '{}' does not exist", file);
   json::Value v = json::parse_file(file);
   return parse_hf_config(v.dump(), file);
 }

@@ -7,7 +7,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/custom_function.h>
 
-#include "comm/error.h"
+#include "core/error.h"
 
 namespace dflash::model {
 namespace {

@@ -10,21 +10,20 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <limits>
 #include <set>
 
 #include <ATen/ATen.h>
 #include <fmt/ranges.h>
 
-#include "comm/error.h"
-#include "trainer/model/target_json.h"
+#include "core/error.h"
+#include "core/files.h"
+#include "core/json.h"
 
 namespace dflash::st {
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors data is little-endian");
 
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -223,7 +222,6 @@ SafeTensors& SafeTensors::operator=(SafeTensors&&) noexcept = default;
 
 SafeTensors SafeTensors::open(const std::string& path) {
   auto impl = std::make_unique<Impl>();
-  std::error_code ec;
   auto add_file = [&](const std::string& file) -> Mapped& {
     impl->files.push_back(map_file(file));
     Mapped& m = *impl->files.back();
@@ -241,13 +239,12 @@ SafeTensors SafeTensors::open(const std::string& path) {
     return m;
   };
 
-  if (fs::is_directory(path, ec)) {
-    fs::path dir(path);
-    fs::path index = dir / "model.safetensors.index.json";
-    fs::path single = dir / "model.safetensors";
-    if (fs::exists(index, ec)) {
-      json::Value idx = json::parse_file(index.string());
-      std::string what = index.string();
+  if (files::is_dir(path)) {
+    const std::string index = files::join(path, "model.safetensors.index.json");
+    const std::string single = files::join(path, "model.safetensors");
+    if (files::exists(index)) {
+      json::Value idx = json::parse_file(index);
+      std::string what = index;
       const json::Value* wm = idx.find("weight_map");
       if (!wm) throw_user("{}: no \"weight_map\" object", what);
       std::map<std::string, std::string> want;  // tensor -> shard
@@ -260,19 +257,19 @@ SafeTensors SafeTensors::open(const std::string& path) {
         if (std::find(shards.begin(), shards.end(), s) == shards.end()) shards.push_back(s);
       }
       for (const auto& s : shards) {
-        fs::path p = dir / s;
-        if (!fs::exists(p, ec))
+        const std::string p = files::join(path, s);
+        if (!files::exists(p))
           throw_user("{}: shard '{}' is missing (listed for tensor '{}' and others in the "
-                     "weight_map)", what, p.string(),
+                     "weight_map)", what, p,
                      std::find_if(want.begin(), want.end(), [&](auto& kv) { return kv.second == s; })->first);
-        add_file(p.string());
+        add_file(p);
       }
       for (const auto& [name, s] : want) {
         auto it = impl->tensors.find(name);
         if (it == impl->tensors.end())
           throw_user("{}: tensor '{}' is listed in shard '{}' but that file does not contain it",
-                     what, name, (dir / s).string());
-        if (fs::path(it->second.file).filename() != s)
+                     what, name, files::join(path, s));
+        if (files::basename(it->second.file) != s)
           throw_user("{}: tensor '{}' is listed in shard '{}' but found in '{}'", what, name, s,
                      it->second.file);
       }
@@ -280,13 +277,13 @@ SafeTensors SafeTensors::open(const std::string& path) {
       if (const json::Value* md = idx.find("metadata"); md && md->is_object())
         for (const auto& [k, v] : md->as_object(what))
           if (v.is_string()) impl->metadata[k] = v.as_string(k);
-    } else if (fs::exists(single, ec)) {
-      impl->metadata = add_file(single.string()).metadata;
+    } else if (files::exists(single)) {
+      impl->metadata = add_file(single).metadata;
     } else {
       throw_user("checkpoint directory '{}' holds neither model.safetensors nor "
                  "model.safetensors.index.json", path);
     }
-  } else if (fs::exists(path, ec)) {
+  } else if (files::exists(path)) {
     impl->metadata = add_file(path).metadata;
   } else {
     throw_user("safetensors path '{}' does not exist", path);
@@ -385,7 +382,7 @@ void SafeTensors::expect_names(const std::vector<std::string>& expected,
   std::string where = impl_->files.size() == 1
                           ? impl_->files[0]->path
                           : fmt::format("{} shards in {}", impl_->files.size(),
-                                        fs::path(impl_->files[0]->path).parent_path().string());
+                                        files::parent(impl_->files[0]->path));
   std::string msg = fmt::format("safetensors ({}): tensor names do not match the model:", where);
   if (!missing.empty()) msg += fmt::format(" missing {}: {}.", missing.size(), list(missing));
   if (!unexpected.empty())

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 #include <atomic>
-#include <filesystem>
 #include <functional>
 #include <set>
 #include <thread>
@@ -13,13 +12,12 @@
 #include <c10/core/InferenceMode.h>
 #include <fmt/ranges.h>
 
-#include "comm/error.h"
+#include "core/error.h"
 #include "trainer/model/safetensors.h"
 #include "trainer/model/target_ops.h"
 
 namespace dflash::model {
 
-namespace fs = std::filesystem;
 
 // ---- weight names and loading ---------------------------------------------------------------
 

@@ -6,7 +6,7 @@
 
 #include <ATen/ATen.h>
 
-#include "comm/error.h"
+#include "core/error.h"
 
 #ifdef DFLASH_CUDA
 #include <ATen/cuda/CUDAContext.h>

@@ -8,7 +8,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "comm/error.h"
+#include "core/error.h"
 
 namespace dflash::optim {
 namespace {

@@ -8,18 +8,15 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "comm/error.h"
-#include "comm/log.h"
+#include "core/device.h"
+#include "core/error.h"
+#include "core/log.h"
 #include "trainer/checkpoint/checkpoint.h"
-#include "trainer/checkpoint/files.h"
+#include "core/files.h"
 #include "trainer/model/export.h"
 #include "trainer/model/target.h"
 #include "trainer/roles/roles.h"
 
-#ifdef DFLASH_CUDA
-#include <c10/cuda/CUDACachingAllocator.h>
-#include <c10/cuda/CUDAFunctions.h>
-#endif
 
 namespace dflash::roles {
 namespace {
@@ -44,18 +41,6 @@ using Stats = std::array<double, kNumStats>;
 
 // Peak bf16 dense matmul FLOP/s of one GPU for MFU (H200/H100 SXM: 989.4 TFLOP/s).
 constexpr double kPeakFlops = 989.4e12;
-
-double peak_memory_gb(const at::Device& d) {
-#ifdef DFLASH_CUDA
-  if (d.is_cuda()) {
-    auto s = c10::cuda::CUDACachingAllocator::getDeviceStats(d.index());
-    return static_cast<double>(s.allocated_bytes[0].peak) / (1024.0 * 1024.0 * 1024.0);
-  }
-#else
-  (void)d;
-#endif
-  return metrics::peak_rss_gb();
-}
 
 std::vector<int64_t> to_vector(const at::Tensor& t) {
   at::Tensor c = t.to(at::kCPU, at::kLong).contiguous();
@@ -206,7 +191,7 @@ void DrafterTrainer::train_batch(int64_t k, const at::Tensor& ids, const at::Ten
     s[kFlops] += drafter_step_flops(m.p.spec, len, static_cast<int64_t>(q_per_token * static_cast<double>(len)));
   }
 #ifdef DFLASH_CUDA
-  if (m.p.device.is_cuda()) c10::cuda::device_synchronize();  // honest compute time
+  device::sync(m.p.device);  // honest compute time
 #endif
   s[kCompute] += now_s() - t0;
 }
@@ -259,7 +244,7 @@ void DrafterTrainer::finish_step(int64_t s) {
     mm.target_wait_s = a[kBatches] > 0 ? a[kTargetWait] / a[kBatches] : 0.0;
     mm.drafter_wait_s = a[kDrafterWait] / (static_cast<double>(m.interval_steps) * static_cast<double>(p.drafter_ranks));
     mm.mfu = p.device.is_cuda() ? a[kFlops] / (wall * static_cast<double>(p.drafter_ranks) * kPeakFlops) : -1.0;
-    mm.mem_gb = peak_memory_gb(p.device);
+    mm.mem_gb = device::peak_memory_gib(p.device);
     mm.elapsed_s = t - m.run_start;
     m.mlog->write(mm);
     m.interval.fill(0.0);

@@ -5,8 +5,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "comm/error.h"
-#include "comm/log.h"
+#include "core/error.h"
+#include "core/log.h"
 #include "trainer/model/export.h"
 #include "trainer/model/target.h"
 

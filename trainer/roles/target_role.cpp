@@ -5,28 +5,13 @@
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
-#include "comm/error.h"
-#include "comm/log.h"
+#include "core/device.h"
+#include "core/error.h"
+#include "core/log.h"
 #include "trainer/model/target.h"
 #include "trainer/roles/roles.h"
 
-#ifdef DFLASH_CUDA
-#include <c10/cuda/CUDAFunctions.h>
-#endif
-
 namespace dflash::roles {
-namespace {
-
-void sync_device(const at::Device& d) {
-#ifdef DFLASH_CUDA
-  if (d.is_cuda()) c10::cuda::device_synchronize();
-#else
-  (void)d;
-#endif
-}
-
-}  // namespace
-
 void run_target_role(const RoleContext& ctx) {
   const RunPlan& p = ctx.plan;
   const int64_t i = ctx.rank.schedule.target_index(ctx.rank.id.rank);
@@ -60,7 +45,7 @@ void run_target_role(const RoleContext& ctx) {
       c10::InferenceMode guard;
       at::Tensor ids = b.ids.to(p.device), cu = b.cu_seqlens.to(p.device);
       at::Tensor features = target.capture(ids, cu, p.layer_ids);
-      sync_device(p.device);
+      device::sync(p.device);
       msg.tensors = {ids, b.loss_mask.to(p.device), cu, features};
     }
     const double busy = now_s() - t0;

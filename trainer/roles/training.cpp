@@ -11,9 +11,10 @@
 #include <fmt/ranges.h>
 
 #include "comm/communicator.h"
-#include "comm/error.h"
+#include "comm/check.h"
+#include "core/error.h"
 #include "comm/identity.h"
-#include "comm/log.h"
+#include "core/log.h"
 #include "trainer/roles/roles.h"
 
 namespace dflash {

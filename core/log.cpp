@@ -1,11 +1,11 @@
-#include "comm/log.h"
+#include "core/log.h"
 
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
 #include <mutex>
 
-#include "comm/error.h"
+#include "core/error.h"
+#include "core/files.h"
 
 namespace dflash::log {
 namespace {
@@ -67,8 +67,8 @@ Level parse_level(const std::string& name) {
 }
 
 void open_file(const std::string& path) {
-  std::filesystem::path p(path);
-  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
+  const size_t slash = path.find_last_of('/');
+  if (slash != std::string::npos && slash > 0) files::make_dirs(path.substr(0, slash));
   std::FILE* f = std::fopen(path.c_str(), "a");
   if (!f) throw_user("cannot open log file '{}' for writing", path);
   Sink& s = sink();

@@ -1,10 +1,14 @@
-// Small file-system helpers with crash-safe semantics, used by checkpoints, exports and tests.
+// File-system helpers with crash-safe semantics: the one file-system API of dflash's libraries.
+//
+// The rule, written once: library code (core, comm, attention, trainer) touches the file system
+// only through these functions, never through std::filesystem. The PyPI LibTorch wheel's
+// libtorch.so exports its own copy of std::filesystem's symbols, and calls that bind to that
+// copy can crash (std::filesystem::remove_all does); POSIX calls have no such ambiguity.
 //
 // Owns nothing; every function is a plain POSIX sequence. write_file_atomic writes to
 // `path.tmp`, fsyncs, renames over `path` and fsyncs the directory, so a reader sees either the
 // old or the new content, never a half-written file. remove_tree deletes a directory tree with
-// nftw. std::filesystem is avoided on purpose: the PyPI LibTorch wheel's libtorch.so exports its
-// own copy of std::filesystem, and calls that bind to it can crash (remove_all does).
+// nftw.
 // Thread-safety: stateless.
 #pragma once
 
@@ -24,6 +28,12 @@ void remove_tree(const std::string& path);
 void make_dirs(const std::string& path);
 bool exists(const std::string& path);
 bool is_dir(const std::string& path);
+// "a" + "/" + "b" (no doubled slash; an absolute `b` is returned as it is).
+std::string join(const std::string& a, const std::string& b);
+// The directory part of `path` ("." for a bare name, "/" for a name under the root).
+std::string parent(const std::string& path);
+// The last component of `path` ("a/b.txt" -> "b.txt").
+std::string basename(const std::string& path);
 // Entry names of a directory (no "." / ".."), sorted; empty if it cannot be read.
 std::vector<std::string> list_dir(const std::string& dir);
 

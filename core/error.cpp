@@ -1,6 +1,6 @@
-#include "comm/error.h"
+#include "core/error.h"
 
-#include "comm/log.h"
+#include "core/log.h"
 
 namespace dflash::detail {
 

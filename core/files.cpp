@@ -1,4 +1,4 @@
-#include "trainer/checkpoint/files.h"
+#include "core/files.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -13,21 +13,32 @@
 #include <algorithm>
 #include <sstream>
 
-#include "comm/error.h"
+#include "core/error.h"
 
 namespace dflash::files {
 namespace {
 
-std::string parent_of(const std::string& p) {
+int remove_entry(const char* path, const struct stat*, int, struct FTW*) { return ::remove(path); }
+
+}  // namespace
+
+std::string parent(const std::string& p) {
   auto s = p.find_last_of('/');
   if (s == std::string::npos) return ".";
   if (s == 0) return "/";
   return p.substr(0, s);
 }
 
-int remove_entry(const char* path, const struct stat*, int, struct FTW*) { return ::remove(path); }
+std::string basename(const std::string& p) {
+  auto s = p.find_last_of('/');
+  return s == std::string::npos ? p : p.substr(s + 1);
+}
 
-}  // namespace
+std::string join(const std::string& a, const std::string& b) {
+  if (a.empty() || (!b.empty() && b[0] == '/')) return b;
+  if (a.back() == '/') return a + b;
+  return a + "/" + b;
+}
 
 void fsync_dir(const std::string& dir) {
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -66,7 +77,7 @@ std::string read_file(const std::string& path) {
 void rename_durable(const std::string& from, const std::string& to) {
   if (::rename(from.c_str(), to.c_str()) != 0)
     throw_user("cannot rename {} to {}: {}", from, to, std::strerror(errno));
-  fsync_dir(parent_of(to));
+  fsync_dir(parent(to));
 }
 
 void remove_tree(const std::string& path) {
@@ -88,8 +99,8 @@ bool is_dir(const std::string& path) {
 
 void make_dirs(const std::string& path) {
   if (path.empty() || is_dir(path)) return;
-  const std::string parent = parent_of(path);
-  if (parent != path && parent != "." && parent != "/") make_dirs(parent);
+  const std::string up = parent(path);
+  if (up != path && up != "." && up != "/") make_dirs(up);
   if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST)
     throw_user("cannot create directory {}: {}", path, std::strerror(errno));
   if (!is_dir(path)) throw_user("cannot create directory {}: a file of that name exists", path);

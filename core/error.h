@@ -1,11 +1,12 @@
-// Errors of dflash, and the one family of check macros for CUDA, NCCL, MPI and system calls.
+// Errors of dflash, and the one family of check macros (conditions, system calls, CUDA); the MPI
+// and NCCL members of the family live in comm/check.h, the only layer that calls those libraries.
 //
 // Owns: the error types that travel to main (UserError = bad input from the user: exit 2, one
 // line, no stack trace; CommError = a peer died, was silent or a collective failed: exit 3;
 // everything else: exit 1), and DFLASH_CHECK_* macros that throw with statement text, file:line,
 // rank and the library's own error string. Nothing in dflash calls exit() below main: errors
-// propagate to one place (see comm/abort.h) that aborts the communicators and exits every rank.
-// Thread-safety: stateless; the rank prefix comes from comm/log.h's process-wide identity.
+// propagate to one place (trainer/main.cpp) that aborts the communicators and exits every rank.
+// Thread-safety: stateless; the rank prefix comes from core/log.h's process-wide identity.
 #pragma once
 
 #include <cerrno>
@@ -61,18 +62,6 @@ namespace detail {
                                            std::string(std::strerror(errno)));                \
   } while (0)
 
-#define DFLASH_CHECK_MPI(stmt)                                                                \
-  do {                                                                                        \
-    int _dflash_rc = (stmt);                                                                  \
-    if (_dflash_rc != MPI_SUCCESS) {                                                          \
-      char _dflash_buf[MPI_MAX_ERROR_STRING];                                                 \
-      int _dflash_len = 0;                                                                    \
-      MPI_Error_string(_dflash_rc, _dflash_buf, &_dflash_len);                                \
-      ::dflash::detail::throw_check_failed("MPI", #stmt, __FILE__, __LINE__,                  \
-                                           std::string(_dflash_buf, _dflash_len));            \
-    }                                                                                         \
-  } while (0)
-
 #ifdef DFLASH_CUDA
 #define DFLASH_CHECK_CUDA(stmt)                                                               \
   do {                                                                                        \
@@ -82,13 +71,4 @@ namespace detail {
                                            cudaGetErrorString(_dflash_rc));                   \
   } while (0)
 
-// NCCL: both ncclGetErrorString and ncclGetLastError (the latter names the failing peer).
-#define DFLASH_CHECK_NCCL(stmt, comm)                                                         \
-  do {                                                                                        \
-    ncclResult_t _dflash_rc = (stmt);                                                         \
-    if (_dflash_rc != ncclSuccess && _dflash_rc != ncclInProgress)                            \
-      ::dflash::detail::throw_check_failed(                                                   \
-          "NCCL", #stmt, __FILE__, __LINE__,                                                  \
-          ::fmt::format("{} ({})", ncclGetErrorString(_dflash_rc), ncclGetLastError(comm)));  \
-  } while (0)
 #endif

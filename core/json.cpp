@@ -1,12 +1,12 @@
 // Strict JSON reader (see target_json.h).
-#include "trainer/model/target_json.h"
+#include "core/json.h"
 
 #include <cerrno>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
 
-#include "comm/error.h"
+#include "core/error.h"
 
 namespace dflash::json {
 

@@ -1,0 +1,24 @@
+// Device helpers shared by the roles, the benchmarks and the tools: a full device sync (for
+// honest host timings) and memory statistics, the same on CPU and CUDA.
+//
+// Owns nothing. On CPU, sync is a no-op and the peak is the process's peak resident set
+// (VmHWM); on CUDA it is the caching allocator's peak of allocated bytes on that device.
+// Thread-safety: stateless; the CUDA calls are safe from any thread.
+#pragma once
+
+#include <c10/core/Device.h>
+
+namespace dflash::device {
+
+// Waits for all work queued on `d` (no-op on CPU).
+void sync(const c10::Device& d);
+// Peak memory in GiB: CUDA allocator peak on `d`, else the process's peak RSS.
+double peak_memory_gib(const c10::Device& d);
+// Resets the CUDA allocator's peak statistics of `d` (no-op on CPU).
+void reset_peak(const c10::Device& d);
+// Returns cached CUDA blocks to the driver (no-op on CPU).
+void empty_cache(const c10::Device& d);
+// The process's peak resident set size in GiB (VmHWM of /proc/self/status; 0 if unknown).
+double peak_rss_gib();
+
+}  // namespace dflash::device
