@@ -2,6 +2,7 @@
 //
 //   dflash_rank --config FILE.yaml [section.key=value ...] [--print-config] [--resume]
 //               [--comm-check [N]] [--whoami]
+//   dflash_rank eval --config FILE.yaml [eval.key=value ...]   (trainer/eval/evaluate.h)
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -12,6 +13,7 @@
 #include "comm/selftest.h"
 #include "comm/watchdog.h"
 #include "trainer/config.h"
+#include "trainer/eval/evaluate.h"
 #include "trainer/roles/training.h"
 
 namespace {
@@ -82,6 +84,12 @@ dflash::comm::LaunchOptions launch_options(const dflash::Config& cfg) {
 
 int main(int argc, char** argv) {
   try {
+    if (argc > 1 && std::strcmp(argv[1], "eval") == 0) {  // one process, no communicator
+      Args args = parse_args(argc - 1, argv + 1);
+      dflash::Config cfg = dflash::load_config(args.config_path, args.overrides);
+      if (args.print_config) return std::fputs(dflash::to_yaml(cfg).c_str(), stdout), dflash::kExitOk;
+      return dflash::eval::run_eval_command(cfg);
+    }
     Args args = parse_args(argc, argv);
     dflash::Config cfg = dflash::load_config(args.config_path, args.overrides);
     if (args.print_config) {
