@@ -292,12 +292,11 @@ void DrafterTrainer::finish_run() {
 
 void run_drafter_role(const RoleContext& ctx) {
   const RunPlan& p = ctx.plan;
+  const Schedule& sched = ctx.rank.schedule;
   const int rank = ctx.rank.id.rank;
-  const int64_t j = ctx.rank.schedule.drafter_index(rank);
+  const int64_t j = sched.drafter_index(rank);
   DrafterTrainer trainer(ctx, j, rank);
-  std::vector<int64_t> mine;
-  for (int64_t s = p.start_step; s < p.total_steps; ++s)
-    for (int64_t k : p.drafter_step_batches(s, j)) mine.push_back(k);
+  const std::vector<int64_t> mine = sched.drafter_batches(j, p.start_batch, p.total_batches);
   const size_t depth = static_cast<size_t>(std::max<int64_t>(1, ctx.cfg.data.prefetch));
   struct Pending {
     int64_t k;
@@ -308,28 +307,26 @@ void run_drafter_role(const RoleContext& ctx) {
   auto post = [&] {
     while (pending.size() < depth && next < mine.size()) {
       const int64_t k = mine[next++];
-      pending.push_back({k, ctx.comm->irecv(ctx.rank.schedule.source_rank(k), k)});
+      pending.push_back({k, ctx.comm->irecv(sched.target_of(k), k)});
     }
   };
   post();
-  for (int64_t s = p.start_step; s < p.total_steps; ++s) {
-    for (int64_t k : p.drafter_step_batches(s, j)) {
-      DFLASH_CHECK(!pending.empty() && pending.front().k == k, "drafter {}: batch {} was not posted", j, k);
-      const double tw = now_s();
-      comm::Message msg = pending.front().handle->take();
-      const double wait = now_s() - tw;
-      pending.pop_front();
-      post();
-      if (msg.kind != kBatchMessage || msg.batch != k || msg.tensors.size() != kNumBatchTensors)
-        throw CommError(fmt::format("drafter {}: expected batch {} ({} tensors) from {}, got kind {} batch {} "
-                                          "with {} tensors",
-                                          j, k, kNumBatchTensors, comm::name_rank(ctx.rank.schedule.source_rank(k)),
-                                          msg.kind, msg.batch, msg.tensors.size()));
-      at::Tensor st = msg.tensors[4].to(at::kCPU, at::kDouble);
-      TargetStats ts{st[0].item<double>(), st[1].item<double>(), st[2].item<double>()};
-      trainer.train_batch(k, msg.tensors[0], msg.tensors[1], msg.tensors[2], msg.tensors[3], ts, wait);
-    }
-    trainer.finish_step(s);
+  for (const int64_t k : mine) {
+    DFLASH_CHECK(!pending.empty() && pending.front().k == k, "drafter {}: batch {} was not posted", j, k);
+    const double tw = now_s();
+    comm::Message msg = pending.front().handle->take();
+    const double wait = now_s() - tw;
+    pending.pop_front();
+    post();
+    if (msg.kind != kBatchMessage || msg.batch != k || msg.tensors.size() != kNumBatchTensors)
+      throw CommError(fmt::format("drafter {}: expected batch {} ({} tensors) from {}, got kind {} batch {} "
+                                  "with {} tensors",
+                                  j, k, kNumBatchTensors, comm::name_rank(sched.target_of(k)), msg.kind, msg.batch,
+                                  msg.tensors.size()));
+    at::Tensor st = msg.tensors[4].to(at::kCPU, at::kDouble);
+    TargetStats ts{st[0].item<double>(), st[1].item<double>(), st[2].item<double>()};
+    trainer.train_batch(k, msg.tensors[0], msg.tensors[1], msg.tensors[2], msg.tensors[3], ts, wait);
+    if (sched.closes_step(k, p.grad_accum)) trainer.finish_step(sched.step_of(k, p.grad_accum));
   }
   trainer.finish_run();
 }
@@ -342,21 +339,21 @@ void run_colocated(const RoleContext& ctx) {
   lo.lm_head = false;
   model::TargetModel target = model::TargetModel::load(ctx.cfg.target.model_dir, p.target_dtype, p.device, lo);
   DrafterTrainer trainer(ctx, 0, ctx.rank.id.rank);
-  for (int64_t s = p.start_step; s < p.total_steps; ++s) {
-    for (int64_t k : p.drafter_step_batches(s, 0)) {
-      const double t0 = now_s();
-      data::Batch b = p.data->batch(k);
-      at::Tensor ids = b.ids.to(p.device), cu = b.cu_seqlens.to(p.device), features;
-      {
-        c10::InferenceMode guard;
-        features = target.capture(ids, cu, p.layer_ids);
-      }
-      features = features.clone();  // a normal tensor: the drafter's autograd saves it
-      const double busy = now_s() - t0;
-      trainer.train_batch(k, ids, b.loss_mask.to(p.device), cu, features,
-                          TargetStats{static_cast<double>(b.num_tokens()), busy, 0.0}, 0.0);
+  const Schedule& sched = ctx.rank.schedule;
+  const std::vector<int64_t> mine = sched.drafter_batches(0, p.start_batch, p.total_batches);
+  for (const int64_t k : mine) {
+    const double t0 = now_s();
+    data::Batch b = p.data->batch(k);
+    at::Tensor ids = b.ids.to(p.device), cu = b.cu_seqlens.to(p.device), features;
+    {
+      c10::InferenceMode guard;
+      features = target.capture(ids, cu, p.layer_ids);
     }
-    trainer.finish_step(s);
+    features = features.clone();  // a normal tensor: the drafter's autograd saves it
+    const double busy = now_s() - t0;
+    trainer.train_batch(k, ids, b.loss_mask.to(p.device), cu, features,
+                        TargetStats{static_cast<double>(b.num_tokens()), busy, 0.0}, 0.0);
+    if (sched.closes_step(k, p.grad_accum)) trainer.finish_step(sched.step_of(k, p.grad_accum));
   }
   trainer.finish_run();
 }

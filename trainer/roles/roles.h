@@ -1,6 +1,7 @@
 // The roles of a rank (internal to trainer/roles/): the target loop, the drafter loop and the
 // colocated loop, and the drafter-side trainer they share.
 //
+// The batch walks come from the schedule (trainer/roles/schedule.h), nothing else.
 // Target loop (target index i of T): for its batches k = i, i+T, ... from the plan's start
 //   batch: read batch k, forward with capture, isend {ids, mask, cu_seqlens, features, stats}
 //   to drafter k mod D. Up to data.prefetch sends stay in flight, so the next batch is computed
@@ -19,18 +20,18 @@
 #include <memory>
 
 #include "comm/communicator.h"
-#include "comm/selftest.h"
 #include "trainer/config.h"
 #include "trainer/metrics/metrics.h"
 #include "trainer/model/drafter.h"
 #include "trainer/optim/adamw.h"
 #include "trainer/roles/plan.h"
+#include "trainer/roles/startup.h"
 
 namespace dflash::roles {
 
 struct RoleContext {
   const Config& cfg;
-  const comm::RankContext& rank;
+  const RankContext& rank;
   const RunPlan& plan;
   comm::Communicator* comm = nullptr;          // null in a colocated run
   std::shared_ptr<comm::Group> drafter_group;  // null in a colocated run

@@ -23,7 +23,7 @@ namespace {
 // Every rank resolves the plan; under MPI the ranks then agree on whether all succeeded, so
 // that each rank reports its own error (or names the ranks that failed) and all exit cleanly
 // with code 2, instead of the first failure tearing the others down before they can speak.
-std::optional<roles::RunPlan> plan_on_every_rank(const Config& cfg, const comm::RankContext& ctx, bool resume,
+std::optional<roles::RunPlan> plan_on_every_rank(const Config& cfg, const roles::RankContext& ctx, bool resume,
                                                  int* exit_code) {
   std::optional<roles::RunPlan> plan;
   std::string error;
@@ -54,7 +54,7 @@ std::optional<roles::RunPlan> plan_on_every_rank(const Config& cfg, const comm::
 
 }  // namespace
 
-int run_training(const Config& cfg, const comm::RankContext& ctx, bool resume) {
+int run_training(const Config& cfg, const roles::RankContext& ctx, bool resume) {
   // CPU threads: share the cores among the ranks of this node (the CPU demo runs 4 ranks on 2).
   if (ctx.id.gpu < 0) {
     int threads = static_cast<int>(cfg.run.cpu_threads);
@@ -78,11 +78,7 @@ int run_training(const Config& cfg, const comm::RankContext& ctx, bool resume) {
     roles::run_colocated(rc_ctx);
     return kExitOk;
   }
-  comm::CommOptions co;
-  co.backend = cfg.comm.backend;
-  co.timeout_s = cfg.comm.timeout_s;
-  co.startup_timeout_s = cfg.comm.startup_timeout_s;
-  std::unique_ptr<comm::Communicator> c = comm::make_communicator(co, ctx.id);
+  std::unique_ptr<comm::Communicator> c = comm::make_communicator(roles::comm_options(cfg), ctx.id);
   std::shared_ptr<comm::Group> drafters = c->new_group(ctx.schedule.drafter_ranks());
   roles::RoleContext role{cfg, ctx, p, c.get(), drafters};
   if (ctx.schedule.is_target(ctx.id.rank))
