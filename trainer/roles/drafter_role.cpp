@@ -160,12 +160,13 @@ DrafterTrainer::DrafterTrainer(const RoleContext& ctx, int64_t drafter_index, in
 
 DrafterTrainer::~DrafterTrainer() = default;
 
-void DrafterTrainer::train_batch(int64_t k, const at::Tensor& ids, const at::Tensor& loss_mask,
-                                 const at::Tensor& cu_seqlens, const at::Tensor& features, const TargetStats& ts,
-                                 double wait_s) {
+void DrafterTrainer::train_batch(const BatchMessage& b, double wait_s) {
   Impl& m = *impl_;
   const double t0 = now_s();
-  model::DrafterBatch db = make_rows(ids, loss_mask, cu_seqlens, features, m.cfg.data.max_seq_len);
+  const int64_t k = b.batch;
+  const at::Tensor& ids = b.ids;
+  const TargetStats& ts = b.stats;
+  model::DrafterBatch db = make_rows(ids, b.loss_mask, b.cu_seqlens, b.features, m.cfg.data.max_seq_len);
   db.global_batch_index = k;
   model::StepOutput out = m.drafter->forward(db, m.sopt);
   if (!std::isfinite(out.loss_value))
@@ -318,14 +319,7 @@ void run_drafter_role(const RoleContext& ctx) {
     const double wait = now_s() - tw;
     pending.pop_front();
     post();
-    if (msg.kind != kBatchMessage || msg.batch != k || msg.tensors.size() != kNumBatchTensors)
-      throw CommError(fmt::format("drafter {}: expected batch {} ({} tensors) from {}, got kind {} batch {} "
-                                  "with {} tensors",
-                                  j, k, kNumBatchTensors, comm::name_rank(sched.target_of(k)), msg.kind, msg.batch,
-                                  msg.tensors.size()));
-    at::Tensor st = msg.tensors[4].to(at::kCPU, at::kDouble);
-    TargetStats ts{st[0].item<double>(), st[1].item<double>(), st[2].item<double>()};
-    trainer.train_batch(k, msg.tensors[0], msg.tensors[1], msg.tensors[2], msg.tensors[3], ts, wait);
+    trainer.train_batch(unpack(std::move(msg), k, comm::name_rank(sched.target_of(k))), wait);
     if (sched.closes_step(k, p.grad_accum)) trainer.finish_step(sched.step_of(k, p.grad_accum));
   }
   trainer.finish_run();
@@ -344,15 +338,19 @@ void run_colocated(const RoleContext& ctx) {
   for (const int64_t k : mine) {
     const double t0 = now_s();
     data::Batch b = p.data->batch(k);
-    at::Tensor ids = b.ids.to(p.device), cu = b.cu_seqlens.to(p.device), features;
+    BatchMessage bm;
+    bm.batch = k;
+    bm.ids = b.ids.to(p.device);
+    bm.cu_seqlens = b.cu_seqlens.to(p.device);
     {
       c10::InferenceMode guard;
-      features = target.capture(ids, cu, p.layer_ids);
+      bm.features = target.capture(bm.ids, bm.cu_seqlens, p.layer_ids);
     }
-    features = features.clone();  // a normal tensor: the drafter's autograd saves it
+    bm.features = bm.features.clone();  // a normal tensor: the drafter's autograd saves it
     const double busy = now_s() - t0;
-    trainer.train_batch(k, ids, b.loss_mask.to(p.device), cu, features,
-                        TargetStats{static_cast<double>(b.num_tokens()), busy, 0.0}, 0.0);
+    bm.loss_mask = b.loss_mask.to(p.device);
+    bm.stats = TargetStats{static_cast<double>(b.num_tokens()), busy, 0.0};
+    trainer.train_batch(bm, 0.0);
     if (sched.closes_step(k, p.grad_accum)) trainer.finish_step(sched.step_of(k, p.grad_accum));
   }
   trainer.finish_run();

@@ -25,12 +25,6 @@
 
 namespace dflash::roles {
 
-// Message kinds on the target -> drafter stream.
-constexpr int32_t kBatchMessage = 1;
-// A batch message carries: ids [T] int64, loss_mask [T] uint8, cu_seqlens [n+1] int64,
-// features [T, K*H], stats [3] float64 = {tokens, target busy seconds, target wait seconds}.
-constexpr int kNumBatchTensors = 5;
-
 struct RunPlan {
   std::shared_ptr<data::Dataset> data;
   model::HfConfig target_config;

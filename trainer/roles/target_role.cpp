@@ -37,15 +37,15 @@ void run_target_role(const RoleContext& ctx) {
   for (const int64_t k : mine) {
     const double t0 = now_s();
     data::Batch b = p.data->batch(k);
-    comm::Message msg;
-    msg.kind = kBatchMessage;
-    msg.batch = k;
+    BatchMessage bm;
+    bm.batch = k;
     {
       c10::InferenceMode guard;
-      at::Tensor ids = b.ids.to(p.device), cu = b.cu_seqlens.to(p.device);
-      at::Tensor features = target.capture(ids, cu, p.layer_ids);
+      bm.ids = b.ids.to(p.device);
+      bm.cu_seqlens = b.cu_seqlens.to(p.device);
+      bm.features = target.capture(bm.ids, bm.cu_seqlens, p.layer_ids);
       device::sync(p.device);
-      msg.tensors = {ids, b.loss_mask.to(p.device), cu, features};
+      bm.loss_mask = b.loss_mask.to(p.device);
     }
     const double busy = now_s() - t0;
     while (inflight.size() >= depth) {
@@ -56,11 +56,10 @@ void run_target_role(const RoleContext& ctx) {
     }
     // Complete sends that are already done (frees memory early; no waiting).
     while (!inflight.empty() && inflight.front().handle->test()) inflight.pop_front();
-    at::Tensor stats = at::tensor({static_cast<double>(b.num_tokens()), busy, wait_acc}, at::kDouble).to(p.device);
-    msg.tensors.push_back(stats);
+    bm.stats = TargetStats{static_cast<double>(b.num_tokens()), busy, wait_acc};
     wait_acc = 0;
-    const int dest = sched.drafter_of(k);
-    inflight.push_back({ctx.comm->isend(dest, msg), msg});
+    comm::Message msg = pack(bm, p.device);
+    inflight.push_back({ctx.comm->isend(sched.drafter_of(k), msg), msg});
     // Start-up is over once the drafter has taken more than the first `depth` batches.
     if (++sent == depth + 1) ctx.comm->set_timeout(ctx.cfg.comm.timeout_s);
   }
