@@ -70,7 +70,7 @@ def assets(tmp_path_factory):
     r = random.Random(1234)
     prompts = [[r.randrange(500) for _ in range(n)] for n in (8, 16, 3, 16, 8, 21, 1, 8)]
     write_prompts(root / "prompts.jsonl", prompts)
-    return dict(root=root, target=target, export=str(export), prompts=prompts)
+    return dict(root=root, target=target, data=data, export=str(export), prompts=prompts)
 
 
 def eval_args(a, out, *extra):
@@ -238,3 +238,73 @@ def test_prepare_prompts_renders_the_chat_template(tmp_path):
     for x, text in zip(lines, want):
         assert x["input_ids"] == tok(text, add_special_tokens=False)["input_ids"]
         assert tok.decode(x["input_ids"]).endswith("<|im_start|>assistant\n")
+
+
+# ---- during training -------------------------------------------------------------------------
+
+def train(a, run, np_, steps, *extra):
+    cmd = ["--config", "configs/demo.yaml", f"run.dir={run}", "run.cpu_threads=1", f"target.model_dir={a['target']}",
+           f"data.shards=[{a['data']}]", f"train.max_steps={steps}", "checkpoint.export_every=0",
+           "checkpoint.state_every=0", "log.interval=5", "drafter.num_anchors=16", "comm.timeout_s=120", *extra]
+    if np_ == 1:
+        return run_rank(*cmd, "layout.colocated=true")
+    layout = ["layout.target_ranks=1", "layout.drafter_ranks=1"] if np_ == 2 else []
+    env = dict(ENV, OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_btl_tcp_if_include="lo",
+               OMPI_MCA_oob_tcp_if_include="lo", OMPI_MCA_mpi_yield_when_idle="1")
+    r = subprocess.run(["mpirun", "-np", str(np_), RANK_BIN, *cmd, *layout], capture_output=True, text=True,
+                       timeout=600, env=env, cwd=SRC)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r
+
+
+RUNS = {}  # np -> (losses, evals): the colocated and the 1 + 1 run must agree exactly
+
+
+@pytest.mark.parametrize("np_", [1, 2, 4])
+def test_eval_during_training(assets, tmp_path, np_):
+    """Every eval.every steps the eval rank (colocated: the process; else target rank 0) decodes the
+    held-out prompts with drafter rank 0's latest weights (sent over the communicator): tau shows in
+    the metrics beside tau_est, eval.jsonl lists each eval, and the final eval equals `dflash_rank
+    eval` of the final export exactly (the weights arrive exactly; fp32). Training is unchanged:
+    the losses equal those of a run without evaluation."""
+    if np_ > 1 and shutil.which("mpirun") is None:
+        pytest.skip("mpirun not found")
+    a = assets
+    steps = 12
+    prompts = a["root"] / "prompts.jsonl"
+    on = train(a, tmp_path / "on", np_, steps, "eval.every=5", f"eval.prompts={prompts}", "eval.max_new_tokens=24",
+               "eval.batch_size=4")
+    off = train(a, tmp_path / "off", np_, steps)
+    m_on = [json.loads(x) for x in open(tmp_path / "on" / "metrics.jsonl")]
+    m_off = [json.loads(x) for x in open(tmp_path / "off" / "metrics.jsonl")]
+    evals = [json.loads(x) for x in open(tmp_path / "on" / "eval.jsonl")]
+    assert [e["step"] for e in evals] == [5, 10, 12]
+    assert [x["loss"] for x in m_on] == [x["loss"] for x in m_off]
+    assert [x["step"] for x in m_on] == [5, 10, 12]
+    assert m_on[0]["tau"] is None and all(x["tau"] is None for x in m_off)
+    # A result reaches drafter rank 0 at the next rendezvous (eval_hooks.h): the eval of step 5 by
+    # the lines after step 10; colocated at once (the lines after the eval's step).
+    last = m_on[-1]
+    assert last["tau"] is not None and last["tau_step"] == (10 if np_ == 1 else 5) and last["eval_s"] > 0
+    assert last["tau"] == pytest.approx(next(e["tau"] for e in evals if e["step"] == last["tau_step"]), rel=1e-5)
+    assert last["tau_est"] >= 1
+    out = on.stdout + on.stderr
+    assert "eval of the final drafter (step 12): tau" in out
+    final = json.load(open(tmp_path / "on" / "eval" / "step_000012.json"))
+    ref = tmp_path / "ref.json"
+    aa = dict(a, export=str(tmp_path / "on" / "exports" / "final"))
+    args = [x for x in eval_args(aa, ref, "eval.batch_size=4", "eval.baseline=false")
+            if not x.startswith("eval.max_new_tokens")] + ["eval.max_new_tokens=24"]
+    run_rank(*args)
+    got = json.load(open(ref))
+    # The final export is bf16 (DFLASH.md §5) and the live weights fp32: compare with the export
+    # only where rounding cannot matter — the number of prompts and steps' structure — and the
+    # values within the reach of bf16 rounding of the weights.
+    assert final["num_prompts"] == got["num_prompts"] == len(a["prompts"])
+    assert abs(final["tau"] - got["tau"]) < 0.5
+    assert final["tau"] == pytest.approx(evals[-1]["tau"], rel=1e-5)
+    RUNS[np_] = ([x["loss"] for x in m_on], evals, [p["accepted"] for p in final["prompts"]])
+    if np_ == 2 and 1 in RUNS:
+        assert RUNS[2][0] == RUNS[1][0], "colocated and 1 + 1 training differ; cannot compare the evals"
+        assert [e["tau"] for e in RUNS[2][1]] == [e["tau"] for e in RUNS[1][1]]
+        assert RUNS[2][2] == RUNS[1][2]
