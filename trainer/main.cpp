@@ -2,6 +2,8 @@
 //
 //   dflash_rank --config FILE.yaml [section.key=value ...] [--print-config] [--resume]
 //               [--comm-check [N]] [--whoami]
+//   dflash_rank regenerate --model DIR --in ITEMS.jsonl --out RESULTS.jsonl ...
+//               (one process, no communicator: trainer/eval/regenerate.h)
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -12,6 +14,7 @@
 #include "comm/selftest.h"
 #include "comm/watchdog.h"
 #include "trainer/config.h"
+#include "trainer/eval/regenerate.h"
 #include "trainer/roles/training.h"
 
 namespace {
@@ -81,6 +84,17 @@ dflash::comm::LaunchOptions launch_options(const dflash::Config& cfg) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "regenerate") == 0) {  // one process, no communicator
+    try {
+      return dflash::eval::regenerate_command(argc - 1, argv + 1);
+    } catch (const dflash::UserError& e) {
+      std::fprintf(stderr, "dflash_rank regenerate: error: %s\n", e.what());
+      return dflash::kExitUser;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "dflash_rank regenerate: internal error: %s\n", e.what());
+      return dflash::kExitInternal;
+    }
+  }
   try {
     Args args = parse_args(argc, argv);
     dflash::Config cfg = dflash::load_config(args.config_path, args.overrides);
