@@ -230,6 +230,8 @@ def run(a) -> int:
                "--progress-s", str(a.progress_s), "--stats", stats]
         if a.threads:
             cmd += ["--threads", str(a.threads)]
+        if a.refill_rows:
+            cmd += ["--refill-rows", str(a.refill_rows)]
         r = subprocess.run(cmd, preexec_fn=_die_with_parent)
         if r.returncode != 0:
             return r.returncode
@@ -284,6 +286,8 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="auto", help="auto (cuda:0 if present), cpu, cuda, cuda:N")
     ap.add_argument("--dtype", default="auto", help="auto (bf16 on GPU, f32 on CPU), bf16, f16, f32")
     ap.add_argument("--threads", type=int, default=0, help="CPU threads of the generator (0: default)")
+    ap.add_argument("--refill-rows", type=int, default=0,
+                    help="free rows that trigger a refill prefill (0: batch size / 16)")
     ap.add_argument("--progress-s", type=float, default=10.0, help="seconds between progress lines")
     ap.add_argument("--chat-template-kwargs", default="{}", help="JSON object for apply_chat_template")
     ap.add_argument("--dflash-rank", help="the dflash_rank binary (default: $DFLASH_BUILD_DIR or build/)")

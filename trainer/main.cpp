@@ -88,10 +88,10 @@ int main(int argc, char** argv) {
     try {
       return dflash::eval::regenerate_command(argc - 1, argv + 1);
     } catch (const dflash::UserError& e) {
-      std::fprintf(stderr, "dflash_rank regenerate: error: %s\n", e.what());
+      std::fprintf(stderr, "dflash_rank: error: %s\n", e.what());
       return dflash::kExitUser;
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "dflash_rank regenerate: internal error: %s\n", e.what());
+      std::fprintf(stderr, "dflash_rank: internal error: %s\n", e.what());
       return dflash::kExitInternal;
     }
   }

@@ -19,7 +19,7 @@
 # Called by run_all.sh as `quality.sh BUILD OUT` it runs `all` when DFLASH_GGUF is set, else skips.
 #
 # Settings (environment): DFLASH_GGUF, DFLASH_QUALITY_MODEL (an HF directory instead of the GGUF),
-# DFLASH_BUILD (default /tmp/dflash-gpu-build), DFLASH_PYTHON (python3), Q_TRAIN (10000 prompts),
+# DFLASH_BUILD (default /tmp/dflash-gpu-build), DFLASH_PYTHON (python3), Q_TRAIN (12000 prompts),
 # Q_EVAL (512 held-out prompts made, Q_EVAL_PROMPTS=256 evaluated), Q_REGEN_BATCH (512),
 # Q_MAX_NEW (384), Q_SPEED_PROMPTS (512), Q_STEPS (500), Q_ABLATION ("drafter.num_layers=1"),
 # Q_EVAL_BATCH (32), Q_EVAL_MAX_NEW (256), Q_DEVICE (auto), Q_OVERRIDES (more config overrides),
@@ -46,7 +46,7 @@ mkdir -p "$S" "$OUT"; S=$(realpath "$S"); OUT=$(realpath "$OUT")
 RANK=$BUILD/trainer/dflash_rank
 BUDGET=${STAGE_BUDGET_S:-540}
 [ "$STAGE" = all ] && BUDGET=${STAGE_BUDGET_S:-3600}
-Q_TRAIN=${Q_TRAIN:-10000}; Q_EVAL=${Q_EVAL:-512}; Q_EVAL_PROMPTS=${Q_EVAL_PROMPTS:-256}
+Q_TRAIN=${Q_TRAIN:-12000}; Q_EVAL=${Q_EVAL:-512}; Q_EVAL_PROMPTS=${Q_EVAL_PROMPTS:-256}
 Q_REGEN_BATCH=${Q_REGEN_BATCH:-512}; Q_MAX_NEW=${Q_MAX_NEW:-384}; Q_SPEED_PROMPTS=${Q_SPEED_PROMPTS:-512}
 Q_STEPS=${Q_STEPS:-500}; Q_ABLATION=${Q_ABLATION:-drafter.num_layers=1}
 Q_EVAL_BATCH=${Q_EVAL_BATCH:-32}; Q_EVAL_MAX_NEW=${Q_EVAL_MAX_NEW:-256}; Q_DEVICE=${Q_DEVICE:-auto}

@@ -260,7 +260,7 @@ def test_generator_bad_arguments(tiny, tmp_path):
              (["--in", str(items), "--temperature", "-1"], ["temperature"])]
     for args, needles in cases:
         r = subprocess.run(base + args, capture_output=True, text=True, env=ENV, timeout=120)
-        one_line(r, *needles, prefix="dflash_rank regenerate: error: ")
+        one_line(r, *needles, prefix="dflash_rank: error: regenerate")
     items.write_text('{"key": "a", "input_ids": [1, 2, 3]}\n{"key": "a", "input_ids": [1]}\n{"key": 3}\n')
     r = subprocess.run(base + ["--in", str(items)], capture_output=True, text=True, env=ENV, timeout=120)
-    one_line(r, f"{items}:2", "twice", prefix="dflash_rank regenerate: error: ")
+    one_line(r, f"{items}:2", "twice", prefix="dflash_rank: error: regenerate")

@@ -200,11 +200,17 @@ std::vector<int64_t> parse_int_list(const std::string& s, const std::string& wha
       out.push_back(std::stoll(tok, &used));
       if (used != tok.size()) throw std::invalid_argument(tok);
     } catch (const std::exception&) {
-      throw_user("{}: '{}' is not an integer", what, tok);
+      throw_user("regenerate: {}: '{}' is not an integer", what, tok);
     }
     i = j + 1;
   }
   return out;
+}
+
+int64_t parse_int(const std::string& s, const std::string& what) {
+  std::vector<int64_t> v = parse_int_list(s, what);
+  if (v.size() != 1) throw_user("regenerate: {}: '{}' is not an integer", what, s);
+  return v[0];
 }
 
 double parse_num(const std::string& s, const std::string& what) {
@@ -214,7 +220,7 @@ double parse_num(const std::string& s, const std::string& what) {
     if (used == s.size()) return v;
   } catch (const std::exception&) {
   }
-  throw_user("{}: '{}' is not a number", what, s);
+  throw_user("regenerate: {}: '{}' is not a number", what, s);
 }
 
 std::vector<RegenItem> read_items(const std::string& path) {
@@ -225,7 +231,7 @@ std::vector<RegenItem> read_items(const std::string& path) {
   std::string line;
   for (int64_t n = 1; std::getline(f, line); ++n) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const std::string where = fmt::format("{}:{}", path, n);
+    const std::string where = fmt::format("regenerate: {}:{}", path, n);
     json::Value v = json::parse(line, where);
     const json::Value* k = v.find("key");
     const json::Value* ids = v.find("input_ids");
@@ -261,13 +267,13 @@ int regenerate_command(int argc, char** argv) {
   auto get = [&](const std::string& k, const std::string& def) { return kv.count(k) ? kv[k] : def; };
 
   RegenOptions o;
-  o.batch_size = int64_t(parse_num(get("batch-size", "64"), "--batch-size"));
-  o.max_new_tokens = int64_t(parse_num(get("max-new-tokens", "512"), "--max-new-tokens"));
+  o.batch_size = parse_int(get("batch-size", "64"), "--batch-size");
+  o.max_new_tokens = parse_int(get("max-new-tokens", "512"), "--max-new-tokens");
   o.temperature = parse_num(get("temperature", "0"), "--temperature");
   o.top_p = parse_num(get("top-p", "1"), "--top-p");
-  o.refill_rows = int64_t(parse_num(get("refill-rows", "0"), "--refill-rows"));
+  o.refill_rows = parse_int(get("refill-rows", "0"), "--refill-rows");
   o.progress_s = parse_num(get("progress-s", "10"), "--progress-s");
-  if (int threads = int(parse_num(get("threads", "0"), "--threads")); threads > 0) at::set_num_threads(threads);
+  if (int threads = int(parse_int(get("threads", "0"), "--threads")); threads > 0) at::set_num_threads(threads);
 
   std::string dev_name = get("device", "auto");
   at::Device dev = at::kCPU;
