@@ -212,6 +212,9 @@ def run(a) -> int:
         rendered.append(ids)
     keys = [(i, s) for i, ids in enumerate(rendered) if ids is not None for s in range(a.samples)]
     pending = [(i, s) for i, s in keys if f"{i}:{s}" not in done]
+    # Longest prompts first: rows decoded together then hold prompts of similar lengths, so the
+    # attention over the cache (as long as the longest active row) wastes little on padding.
+    pending.sort(key=lambda k: (-len(rendered[k[0]]), k))
     print(f"{TOOL}: {len(prompts)} prompts x {a.samples} samples ({too_long} longer than {limit} tokens skipped), "
           f"rendered in {time.time() - t0:.1f} s; {len(keys) - len(pending)} responses already in {results_path}, "
           f"{len(pending)} to generate", file=sys.stderr, flush=True)

@@ -160,11 +160,17 @@ def uncached_greedy(model, ids, n):
     return out
 
 
-def test_greedy_matches_uncached_transformers(smollm2, hf):
+@pytest.fixture(scope="session")
+def uncached_ref(hf):
     model, tok = hf
     prompts = [chat_ids(tok, p) for p in PROMPTS]
+    return prompts, [uncached_greedy(model, p, NEW) for p in prompts]
+
+
+def test_greedy_matches_uncached_transformers(smollm2, hf, uncached_ref):
+    model, tok = hf
+    prompts, ref = uncached_ref
     assert len({len(p) for p in prompts}) == len(prompts)  # unequal lengths in one batch
-    ref = [uncached_greedy(model, p, NEW) for p in prompts]
     r = run_tool("generate", "--model", smollm2, "--prompts", ";".join(ints(p) for p in prompts),
                  "--max-new", NEW)
     got = [[int(x) for x in line.split(",")] for line in r.stdout.strip().splitlines()]
@@ -172,6 +178,29 @@ def test_greedy_matches_uncached_transformers(smollm2, hf):
         print(f"{p!r} -> {tok.decode(g)!r}")
     assert got == ref
     assert "Paris" in tok.decode(got[0])  # a real model: "The capital of France is Paris."
+
+
+def test_regeneration_on_smollm2(smollm2, hf, uncached_ref, tmp_path):
+    """tools/regenerate.py + dflash_rank regenerate on the real model and tokenizer: the same
+    tokens as uncached greedy decoding, ending at <|im_end|> (2) when the model writes it."""
+    model, tok = hf
+    prompts, ref = uncached_ref
+    src = tmp_path / "prompts.jsonl"
+    src.write_text("".join(json.dumps({"messages": [{"role": "user", "content": p}]}) + "\n" for p in PROMPTS))
+    out = tmp_path / "chat.jsonl"
+    r = subprocess.run([sys.executable, str(SRC / "tools" / "regenerate.py"), "--model", str(smollm2), "--prompts",
+                        str(src), "--out", str(out), "--max-new-tokens", str(NEW), "--batch-size", "2",
+                        "--device", "cpu", "--progress-s", "0"], capture_output=True, text=True, timeout=900,
+                       env=dict(os.environ, DFLASH_BUILD_DIR=str(BUILD)))
+    assert r.returncode == 0, r.stderr
+    assert "stop ids [2]" in r.stderr, r.stderr  # <|im_end|>, from config.json / generation_config.json
+    res = {x["key"]: x for x in map(json.loads, open(str(out) + ".work/results.jsonl"))}
+    chats = [json.loads(l) for l in open(out)]
+    for i, want in enumerate(ref):
+        cut = want[:want.index(2) + 1] if 2 in want else want
+        assert res[f"{i}:0"]["tokens"] == cut and res[f"{i}:0"]["stopped"] == (2 in want)
+        assert chats[i]["messages"][-1]["content"] == tok.decode([t for t in cut if t != 2])
+    assert chats[0]["messages"][-1]["content"].startswith("The capital of France is Paris.")
 
 
 # ---- bad input -------------------------------------------------------------------------------
