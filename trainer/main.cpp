@@ -3,6 +3,8 @@
 //   dflash_rank --config FILE.yaml [section.key=value ...] [--print-config] [--resume]
 //               [--comm-check [N]] [--whoami]
 //   dflash_rank eval --config FILE.yaml [eval.key=value ...]   (trainer/eval/evaluate.h)
+//   dflash_rank regenerate --model DIR --in ITEMS.jsonl --out RESULTS.jsonl ...
+//               (one process, no communicator: trainer/eval/regenerate.h)
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -14,6 +16,7 @@
 #include "comm/whoami.h"
 #include "trainer/config.h"
 #include "trainer/eval/evaluate.h"
+#include "trainer/eval/regenerate.h"
 #include "trainer/roles/comm_check.h"
 #include "trainer/roles/startup.h"
 #include "trainer/roles/training.h"
@@ -71,6 +74,17 @@ Args parse_args(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "regenerate") == 0) {  // one process, no communicator
+    try {
+      return dflash::eval::regenerate_command(argc - 1, argv + 1);
+    } catch (const dflash::UserError& e) {
+      std::fprintf(stderr, "dflash_rank: error: %s\n", e.what());
+      return dflash::kExitUser;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "dflash_rank: internal error: %s\n", e.what());
+      return dflash::kExitInternal;
+    }
+  }
   try {
     if (argc > 1 && std::strcmp(argv[1], "eval") == 0) {  // one process, no communicator
       Args args = parse_args(argc - 1, argv + 1);
