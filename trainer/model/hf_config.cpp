@@ -138,7 +138,8 @@ void read_family_keys(const Reader& r, const json::Value& top, HfConfig& c) {
   const std::string& where = r.where;
   const bool moe = c.family == TargetFamily::Qwen3Moe || c.model_type.rfind("qwen3_5_moe", 0) == 0;
   if (moe) {
-    c.num_experts = r.pos_int("num_experts", std::nullopt);
+    // transformers 5 writes num_local_experts (attribute_map), released checkpoints num_experts.
+    c.num_experts = r.get("num_experts") ? r.pos_int("num_experts") : r.pos_int("num_local_experts");
     c.num_experts_per_tok = r.pos_int("num_experts_per_tok");
     c.moe_intermediate_size = r.pos_int("moe_intermediate_size");
     if (c.num_experts_per_tok > c.num_experts)

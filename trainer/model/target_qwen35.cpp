@@ -263,8 +263,8 @@ std::vector<std::vector<int64_t>> HybridTarget::generate(const std::vector<std::
       cache.dn[l].conv = at::zeros({B, dn.conv_dim(), dn.kernel - 1}, opt);
       cache.dn[l].rec = at::zeros({B, dn.nv, dn.dk, dn.dv}, opt.dtype(at::kFloat));
     } else {
-      cache.k[l] = at::empty({B, cap, c.num_key_value_heads, c.head_dim}, opt);
-      cache.v[l] = at::empty({B, cap, c.num_key_value_heads, c.head_dim}, opt);
+      cache.k[l] = at::zeros({B, cap, c.num_key_value_heads, c.head_dim}, opt);
+      cache.v[l] = at::zeros({B, cap, c.num_key_value_heads, c.head_dim}, opt);
     }
   }
   Pass pre = make_pass(at::tensor(flat, at::kLong), at::tensor(cu, at::kLong));

@@ -36,6 +36,7 @@ struct Post {
 };
 
 struct Emitter {
+  Emitter(const HfConfig& cfg, at::TensorOptions o, bool fused) : c(cfg), opt(o), fused_experts(fused) {}
   const HfConfig& c;
   at::TensorOptions opt;
   bool fused_experts;
