@@ -422,7 +422,9 @@ at::Tensor TargetModel::capture(const at::Tensor& ids_in, const at::Tensor& cu_s
 TargetModel::Output TargetModel::forward_with(const at::Tensor& ids_in, const at::Tensor& positions,
                                               const std::vector<int64_t>& layer_ids,
                                               const Attention& attend,
-                                              const at::Tensor& logit_rows) const {
+                                              const at::Tensor& logit_rows,
+                                              const LinearMixer* linear) const {
+  if (hybrid_) return hybrid_->forward_with(ids_in, positions, layer_ids, attend, logit_rows, linear);
   c10::InferenceMode guard;
   if (!lm_head_.defined()) throw_user("target forward: the model was loaded without lm_head");
   check_ids(ids_in, cfg_.vocab_size);
@@ -451,7 +453,6 @@ TargetModel::Output TargetModel::forward_with(const at::Tensor& ids_in, const at
 std::vector<std::vector<int64_t>> TargetModel::generate(
     const std::vector<std::vector<int64_t>>& prompts, int64_t max_new_tokens,
     bool stop_at_eos) const {
-  if (hybrid_) return hybrid_->generate(prompts, max_new_tokens, stop_at_eos);
   return greedy_generate(*this, prompts, max_new_tokens,
                          stop_at_eos ? cfg_.eos_token_ids : std::vector<int64_t>{});
 }

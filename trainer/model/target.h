@@ -79,9 +79,14 @@ class TargetModel {
   // The whole model over T tokens `ids` [T] int64 at `positions` [T] int64 (RoPE), with
   // `attend` as every layer's attention (target_cache.h: KV caches). Logits only of the tokens
   // `logit_rows` [R] int64 (undefined tensor: all T); captured states of all T tokens.
+  // Token mixer of one linear_attention layer (qwen3_5 families): h [T, H] (after the input
+  // norm) -> [T, H]; needed by forward_with on targets with such layers (target_cache.cpp).
+  using LinearMixer = std::function<at::Tensor(int64_t layer, const at::Tensor& h)>;
   Output forward_with(const at::Tensor& ids, const at::Tensor& positions,
                       const std::vector<int64_t>& layer_ids, const Attention& attend,
-                      const at::Tensor& logit_rows = {}) const;
+                      const at::Tensor& logit_rows = {}, const LinearMixer* linear = nullptr) const;
+  // The qwen3_moe / qwen3_5 implementation, or nullptr for the dense families.
+  const HybridTarget* hybrid() const { return hybrid_.get(); }
 
   // Greedy decoding for a batch of prompts (token id lists of any lengths): up to
   // `max_new_tokens` new tokens each; with `stop_at_eos`, a sequence ends after the first of

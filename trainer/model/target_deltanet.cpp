@@ -54,7 +54,8 @@ at::Tensor gated_out(const at::Tensor& o, const at::Tensor& proj, const DeltaNet
 
 std::pair<at::Tensor, at::Tensor> gated_delta_rule_chunked(const at::Tensor& q_in, const at::Tensor& k_in,
                                                            const at::Tensor& v_in, const at::Tensor& g_in,
-                                                           const at::Tensor& beta_in, int64_t C) {
+                                                           const at::Tensor& beta_in, int64_t C,
+                                                           const at::Tensor& initial) {
   const int64_t B = q_in.size(0), L = q_in.size(1), nv = q_in.size(2), dk = q_in.size(3);
   const int64_t dv = v_in.size(3);
   const int64_t pad = (C - L % C) % C, Lp = L + pad, N = Lp / C;
@@ -89,7 +90,7 @@ std::pair<at::Tensor, at::Tensor> gated_delta_rule_chunked(const at::Tensor& q_i
   at::Tensor qd = q * ecum;
   at::Tensor kd = k * (last - cum).exp().unsqueeze(-1);
   at::Tensor chunk_decay = last.exp().unsqueeze(-1);  // [B, nv, N, 1, 1]
-  at::Tensor S = at::zeros({B, nv, dk, dv}, q.options());
+  at::Tensor S = initial.defined() ? initial.to(at::kFloat).clone() : at::zeros({B, nv, dk, dv}, q.options());
   at::Tensor out = at::empty({B, nv, N, C, dv}, q.options());
   for (int64_t i = 0; i < N; ++i) {
     at::Tensor vn = u.select(2, i) - at::matmul(w.select(2, i), S);
@@ -100,34 +101,25 @@ std::pair<at::Tensor, at::Tensor> gated_delta_rule_chunked(const at::Tensor& q_i
   return {o, S};
 }
 
-at::Tensor deltanet_forward(const at::Tensor& x, const std::vector<int64_t>& cu, const at::Tensor& pos,
-                            const DeltaNetWeights& w, const DeltaNetSpec& s, DeltaNetState* final_state) {
+at::Tensor deltanet_forward(const at::Tensor& x, const std::vector<int64_t>& cu, const DeltaNetWeights& w,
+                            const DeltaNetSpec& s, DeltaNetState* state, const at::Tensor& rows_in) {
   const int64_t T = x.size(0), Cd = s.conv_dim(), K = s.kernel;
+  const int64_t D = int64_t(cu.size()) - 1;
   at::Tensor proj = at::mm(x, w.w_in.t());
   at::Tensor mixed = proj.narrow(1, 0, Cd);
-  // Causal depthwise conv inside each document: out[t] = sum_s conv[:, K-1-s] * mixed[t-s],
-  // terms with s > pos[t] (before the document's start) are zero.
-  at::Tensor mf = mixed.to(at::kFloat);
-  at::Tensor wf = w.conv.to(at::kFloat);
-  at::Tensor acc = mf * wf.select(1, K - 1);
-  for (int64_t sh = 1; sh < K && sh < T; ++sh) {
-    at::Tensor shifted = at::zeros_like(mf);
-    shifted.narrow(0, sh, T - sh).copy_(mf.narrow(0, 0, T - sh));
-    shifted.mul_((pos >= sh).unsqueeze(1));
-    acc.add_(shifted * wf.select(1, K - 1 - sh));
-  }
-  at::Tensor conv_out = at::silu(acc).to(x.scalar_type());
-  auto [q, k, v] = prepare_qkv(conv_out, s);
-  auto [beta, g] = gates(proj, w, s);
+  at::Tensor rows = rows_in.defined() ? rows_in : at::arange(D, at::TensorOptions().dtype(at::kLong).device(x.device()));
 
-  // Documents as rows of a zero-padded grid [D, Lmax, ...].
-  const int64_t D = int64_t(cu.size()) - 1;
+  // Documents as rows of a zero-padded grid [D, Lmax, ...]: dest[t] = d * Lmax + (t - cu[d]).
   int64_t Lmax = 0;
   for (int64_t d = 0; d < D; ++d) Lmax = std::max(Lmax, cu[d + 1] - cu[d]);
-  std::vector<int64_t> dest(T);
+  std::vector<int64_t> dest(T), conv_dest(T);
   for (int64_t d = 0; d < D; ++d)
-    for (int64_t t = cu[d]; t < cu[d + 1]; ++t) dest[t] = d * Lmax + (t - cu[d]);
+    for (int64_t t = cu[d]; t < cu[d + 1]; ++t) {
+      dest[t] = d * Lmax + (t - cu[d]);
+      conv_dest[t] = d * (Lmax + K - 1) + (K - 1) + (t - cu[d]);
+    }
   at::Tensor dest_t = at::tensor(dest, at::kLong).to(x.device());
+  at::Tensor conv_dest_t = at::tensor(conv_dest, at::kLong).to(x.device());
   auto to_grid = [&](const at::Tensor& t) {
     std::vector<int64_t> shape = {D * Lmax};
     shape.insert(shape.end(), t.sizes().begin() + 1, t.sizes().end());
@@ -137,38 +129,32 @@ at::Tensor deltanet_forward(const at::Tensor& x, const std::vector<int64_t>& cu,
     shape.insert(shape.begin(), D);
     return grid.view(shape);
   };
-  auto [o_grid, S] = gated_delta_rule_chunked(to_grid(q), to_grid(k), to_grid(v), to_grid(g), to_grid(beta));
+
+  // Causal depthwise conv per document over [its K - 1 previous inputs (zeros for a new
+  // document, the cached window otherwise) ; its tokens]: out[i] = sum_j conv[:, j] ext[i + j].
+  at::Tensor ext = at::zeros({D * (Lmax + K - 1), Cd}, x.options().dtype(at::kFloat));
+  ext.index_copy_(0, conv_dest_t, mixed.to(at::kFloat));
+  ext = ext.view({D, Lmax + K - 1, Cd});
+  if (state) ext.narrow(1, 0, K - 1).copy_(state->conv.index_select(0, rows).transpose(1, 2));
+  at::Tensor wf = w.conv.to(at::kFloat);
+  at::Tensor acc = ext.narrow(1, 0, Lmax) * wf.select(1, 0);
+  for (int64_t j = 1; j < K; ++j) acc.add_(ext.narrow(1, j, Lmax) * wf.select(1, j));
+  at::Tensor conv_out = at::silu(acc).to(x.scalar_type()).reshape({D * Lmax, Cd}).index_select(0, dest_t);
+  auto [q, k, v] = prepare_qkv(conv_out, s);
+  auto [beta, g] = gates(proj, w, s);
+
+  at::Tensor S0 = state ? state->rec.index_select(0, rows) : at::Tensor();
+  auto [o_grid, S] = gated_delta_rule_chunked(to_grid(q), to_grid(k), to_grid(v), to_grid(g), to_grid(beta),
+                                                 std::min<int64_t>(64, Lmax), S0);
   at::Tensor o = o_grid.reshape({D * Lmax, s.nv, s.dv}).index_select(0, dest_t).to(x.scalar_type());
 
-  if (final_state) {
-    final_state->rec.copy_(S);
-    // The last K - 1 conv inputs of each document (zeros before its start).
-    at::Tensor win = at::zeros({D, K - 1, Cd}, mixed.options());
-    for (int64_t d = 0; d < D; ++d) {
-      int64_t n = std::min(cu[d + 1] - cu[d], K - 1);
-      win[d].narrow(0, K - 1 - n, n).copy_(mixed.narrow(0, cu[d + 1] - n, n));
-    }
-    final_state->conv.copy_(win.transpose(1, 2));
+  if (state) {
+    state->rec.index_copy_(0, rows, S);
+    // The last K - 1 conv inputs of each document: ext[d, n_d .. n_d + K - 2].
+    at::Tensor win = at::empty({D, K - 1, Cd}, ext.options());
+    for (int64_t d = 0; d < D; ++d) win[d].copy_(ext[d].narrow(0, cu[d + 1] - cu[d], K - 1));
+    state->conv.index_copy_(0, rows, win.transpose(1, 2).to(state->conv.scalar_type()));
   }
-  return gated_out(o, proj, w, s);
-}
-
-at::Tensor deltanet_step(const at::Tensor& x, const DeltaNetWeights& w, const DeltaNetSpec& s,
-                         DeltaNetState& state) {
-  const int64_t B = x.size(0), Cd = s.conv_dim(), K = s.kernel;
-  at::Tensor proj = at::mm(x, w.w_in.t());
-  at::Tensor window = at::cat({state.conv, proj.narrow(1, 0, Cd).unsqueeze(2)}, 2);  // [B, Cd, K]
-  at::Tensor conv_out = at::silu((window.to(at::kFloat) * w.conv.to(at::kFloat)).sum(-1)).to(x.scalar_type());
-  state.conv.copy_(window.narrow(2, 1, K - 1));
-  auto [q, k, v] = prepare_qkv(conv_out, s);  // [B, nv, d]
-  auto [beta, g] = gates(proj, w, s);         // [B, nv]
-  at::Tensor& S = state.rec;                  // [B, nv, dk, dv]
-  S.mul_(g.exp().unsqueeze(-1).unsqueeze(-1));
-  at::Tensor kv = at::matmul(k.unsqueeze(-2), S).squeeze(-2);  // [B, nv, dv]
-  at::Tensor delta = (v - kv) * beta.unsqueeze(-1);
-  S.add_(k.unsqueeze(-1) * delta.unsqueeze(-2));
-  at::Tensor o = at::matmul(q.unsqueeze(-2), S).squeeze(-2).to(x.scalar_type());  // [B, nv, dv]
-  (void)B;
   return gated_out(o, proj, w, s);
 }
 

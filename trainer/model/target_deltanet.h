@@ -9,9 +9,10 @@
 // then a gated RMSNorm over dv (norm(o) * w * silu(z)) and out_proj.
 //
 // Packed streams: every document starts from a zero conv window and a zero state (positions
-// restart, nothing leaks). The packed forward computes the rule chunkwise (chunks of 64 inside
-// each document, the UT-transform form: intra-chunk work as batched matmuls and two triangular
-// solves, one sequential step per chunk) in float32; the decode step is the plain recurrence.
+// restart, nothing leaks), or, for a cache, from the cached state of its row. The packed forward computes the rule chunkwise (chunks of 64 inside
+// each document (fewer for short extends: a decode step is one chunk of one token), the
+// UT-transform form: intra-chunk work as batched matmuls and two triangular solves, one
+// sequential step per chunk) in float32.
 //
 // Owns: nothing but the per-layer weights struct. Thread-safety: stateless functions.
 #pragma once
@@ -39,28 +40,28 @@ struct DeltaNetWeights {
   at::Tensor w_out;    // [H, value_dim]
 };
 
-// The generation cache of one layer for B sequences.
+// The cache of one layer for B sequences (HybridRecurrentCache).
 struct DeltaNetState {
   at::Tensor conv;  // [B, conv_dim, K - 1], model dtype: the last K - 1 conv inputs
   at::Tensor rec;   // [B, nv, dk, dv] float32
 };
 
-// x [T, H] (packed documents `cu`, host offsets; `pos` [T] int64 on x's device, the position
-// inside each document) -> [T, H]. With `final_state`, writes document d's states into row d.
-at::Tensor deltanet_forward(const at::Tensor& x, const std::vector<int64_t>& cu, const at::Tensor& pos,
-                            const DeltaNetWeights& w, const DeltaNetSpec& s,
-                            DeltaNetState* final_state = nullptr);
-
-// One new token per sequence: x [B, H] -> [B, H]; advances `state` in place.
-at::Tensor deltanet_step(const at::Tensor& x, const DeltaNetWeights& w, const DeltaNetSpec& s,
-                         DeltaNetState& state);
+// x [T, H] (packed documents `cu`, host offsets) -> [T, H]. Without `state` every document
+// starts from zeros. With `state`, document d continues row rows[d] of it (rows undefined:
+// row d): it starts from that row's conv window and recurrent state and leaves its final ones
+// there (a fresh sequence is a zeroed row).
+at::Tensor deltanet_forward(const at::Tensor& x, const std::vector<int64_t>& cu, const DeltaNetWeights& w,
+                            const DeltaNetSpec& s, DeltaNetState* state = nullptr,
+                            const at::Tensor& rows = {});
 
 // The gated delta rule alone, chunkwise, for a batch of zero-initialised sequences of equal
 // (padded) length: q, k [B, L, nv, dk] (already normalised, scaled, head-expanded), v
 // [B, L, nv, dv], g, beta [B, L, nv], all float32; padded positions must have k = v = beta =
-// g = 0. Returns o [B, L, nv, dv] and the final state [B, nv, dk, dv].
+// g = 0. `initial` [B, nv, dk, dv] (undefined: zeros). Returns o [B, L, nv, dv] and the final
+// state [B, nv, dk, dv].
 std::pair<at::Tensor, at::Tensor> gated_delta_rule_chunked(const at::Tensor& q, const at::Tensor& k,
                                                            const at::Tensor& v, const at::Tensor& g,
-                                                           const at::Tensor& beta, int64_t chunk = 64);
+                                                           const at::Tensor& beta, int64_t chunk = 64,
+                                                           const at::Tensor& initial = {});
 
 }  // namespace dflash::model

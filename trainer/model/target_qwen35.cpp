@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <set>
 
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
@@ -14,12 +13,8 @@
 
 namespace dflash::model {
 
-struct HybridTarget::Cache {
-  std::vector<at::Tensor> k, v;          // attention layers: [B, cap, nkv, hd]
-  std::vector<DeltaNetState> dn;         // linear layers
-};
-
-// One pass: packed documents (prefill / training capture) or one token per sequence (decode).
+// One pass: packed documents (training capture, forward) or the tokens of a TargetCache extend
+// (forward_with: the cache's attention and linear mixers).
 struct HybridTarget::Pass {
   at::Tensor ids;            // [T] int64 on device
   at::Tensor cos, sin;       // [T, rotary_dim / 2] float32
@@ -29,10 +24,8 @@ struct HybridTarget::Pass {
   int64_t run_layers = 0;
   std::vector<int64_t> capture_ids;
   at::Tensor captured;
-  Cache* cache = nullptr;
-  bool decode = false;
-  at::Tensor lens;           // decode: [B] tokens already cached
-  int64_t cache_used = 0;
+  const TargetModel::Attention* attend = nullptr;   // forward_with
+  const TargetModel::LinearMixer* mix = nullptr;    // forward_with
 };
 
 namespace {
@@ -125,28 +118,8 @@ at::Tensor HybridTarget::attention(const Layer& w, int64_t l, const at::Tensor& 
     q = partial_rope(norm(q, w.q_norm), pass.cos, pass.sin);
     k = partial_rope(norm(k, w.k_norm), pass.cos, pass.sin);
   }
-  at::Tensor attn;
-  if (!pass.decode) {
-    if (pass.cache) {
-      for (size_t b = 0; b + 1 < pass.cu.size(); ++b) {
-        int64_t s = pass.cu[b], n = pass.cu[b + 1] - s;
-        pass.cache->k[l][b].narrow(0, 0, n).copy_(k.narrow(0, s, n));
-        pass.cache->v[l][b].narrow(0, 0, n).copy_(v.narrow(0, s, n));
-      }
-    }
-    attn = ops::varlen_causal_attention(q, k, v, pass.cu, pass.cu_dev, pass.max_len, scale);
-  } else {
-    at::Tensor ck = pass.cache->k[l], cv = pass.cache->v[l];
-    at::Tensor rows = at::arange(T, pass.lens.options());
-    ck.index_put_({rows, pass.lens}, k);
-    cv.index_put_({rows, pass.lens}, v);
-    const int64_t used = pass.cache_used;
-    at::Tensor mask = at::arange(used, pass.lens.options()).unsqueeze(0) <= pass.lens.unsqueeze(1);
-    at::Tensor o = at::scaled_dot_product_attention(
-        q.unsqueeze(2), ck.narrow(1, 0, used).transpose(1, 2), cv.narrow(1, 0, used).transpose(1, 2),
-        mask.view({T, 1, 1, used}), 0.0, false, scale, /*enable_gqa=*/true);
-    attn = o.view({T, nq, hd});
-  }
+  at::Tensor attn = pass.attend ? (*pass.attend)(l, q, k, v)
+                                : ops::varlen_causal_attention(q, k, v, pass.cu, pass.cu_dev, pass.max_len, scale);
   attn = attn.reshape({T, nq * hd});
   if (gate.defined()) attn = attn * at::sigmoid(gate);
   return at::mm(attn, w.wo.t());
@@ -163,8 +136,7 @@ at::Tensor HybridTarget::run_layers(Pass& pass) const {
     const Layer& w = layers_[l];
     at::Tensor h = norm(x, w.input_norm);
     if (w.linear) {
-      DeltaNetState* st = pass.cache ? &pass.cache->dn[l] : nullptr;
-      x.add_(pass.decode ? deltanet_step(h, w.dn, dn, *st) : deltanet_forward(h, pass.cu, pass.pos, w.dn, dn, st));
+      x.add_(pass.mix ? (*pass.mix)(l, h) : deltanet_forward(h, pass.cu, w.dn, dn));
     } else {
       x.add_(attention(w, l, h, pass));
     }
@@ -235,73 +207,91 @@ TargetModel::Output HybridTarget::forward(const at::Tensor& ids, const at::Tenso
   return out;
 }
 
-std::vector<std::vector<int64_t>> HybridTarget::generate(const std::vector<std::vector<int64_t>>& prompts,
-                                                         int64_t max_new_tokens, bool stop_at_eos) const {
+TargetModel::Output HybridTarget::forward_with(const at::Tensor& ids, const at::Tensor& positions,
+                                               const std::vector<int64_t>& layer_ids,
+                                               const TargetModel::Attention& attend,
+                                               const at::Tensor& logit_rows,
+                                               const TargetModel::LinearMixer* linear) const {
   c10::InferenceMode guard;
-  if (!lm_head_.defined()) throw_user("target generate: the model was loaded without lm_head");
-  const int64_t B = int64_t(prompts.size());
-  std::vector<std::vector<int64_t>> out(B);
-  if (B == 0 || max_new_tokens <= 0) return out;
-  std::vector<int64_t> flat, cu = {0};
-  int64_t longest = 0;
-  for (int64_t b = 0; b < B; ++b) {
-    if (prompts[b].empty()) throw_user("target generate: prompt {} is empty", b);
-    flat.insert(flat.end(), prompts[b].begin(), prompts[b].end());
-    cu.push_back(int64_t(flat.size()));
-    longest = std::max<int64_t>(longest, int64_t(prompts[b].size()));
+  if (!lm_head_.defined()) throw_user("target forward: the model was loaded without lm_head");
+  check_ids(ids, cfg_);
+  check_layer_ids(layer_ids, num_layers_loaded());
+  for (const auto& w : layers_)
+    DFLASH_CHECK(!w.linear || linear, "forward_with: a {} target needs a LinearMixer", cfg_.model_type);
+  const int64_t T = ids.size(0);
+  Pass pass;
+  pass.ids = ids.to(device_);
+  std::tie(pass.cos, pass.sin) = ops::rope_cos_sin(positions.to(device_), inv_freq_);
+  pass.attend = &attend;
+  pass.mix = linear;
+  pass.capture_ids = layer_ids;
+  TargetModel::Output out;
+  if (!layer_ids.empty()) {
+    pass.captured = at::empty({T, int64_t(layer_ids.size()) * cfg_.hidden_size},
+                              at::TensorOptions().dtype(dtype_).device(device_));
+    out.captured = pass.captured;
   }
-  const HfConfig& c = cfg_;
-  const DeltaNetSpec dn = dn_spec();
-  const int64_t cap = longest + max_new_tokens;
-  auto opt = at::TensorOptions().dtype(dtype_).device(device_);
-  Cache cache;
-  cache.k.resize(layers_.size());
-  cache.v.resize(layers_.size());
-  cache.dn.resize(layers_.size());
-  for (size_t l = 0; l < layers_.size(); ++l) {
-    if (layers_[l].linear) {
-      cache.dn[l].conv = at::zeros({B, dn.conv_dim(), dn.kernel - 1}, opt);
-      cache.dn[l].rec = at::zeros({B, dn.nv, dn.dk, dn.dv}, opt.dtype(at::kFloat));
-    } else {
-      cache.k[l] = at::zeros({B, cap, c.num_key_value_heads, c.head_dim}, opt);
-      cache.v[l] = at::zeros({B, cap, c.num_key_value_heads, c.head_dim}, opt);
-    }
-  }
-  Pass pre = make_pass(at::tensor(flat, at::kLong), at::tensor(cu, at::kLong));
-  pre.run_layers = num_layers_loaded();
-  pre.cache = &cache;
-  at::Tensor x = run_layers(pre);
-  at::Tensor last = at::tensor(std::vector<int64_t>(cu.begin() + 1, cu.end()), at::kLong) - 1;
-  at::Tensor next = final_logits(x.index_select(0, last.to(device_))).argmax(-1);
-
-  std::vector<int64_t> lens(B);
-  for (int64_t b = 0; b < B; ++b) lens[b] = int64_t(prompts[b].size());
-  std::vector<bool> done(B, false);
-  const std::set<int64_t> eos(c.eos_token_ids.begin(), c.eos_token_ids.end());
-  for (;;) {
-    at::Tensor h = next.to(at::kCPU);
-    bool all_done = true;
-    for (int64_t b = 0; b < B; ++b) {
-      if (done[b]) continue;
-      int64_t t = h[b].item<int64_t>();
-      out[b].push_back(t);
-      if ((stop_at_eos && eos.count(t)) || int64_t(out[b].size()) >= max_new_tokens) done[b] = true;
-      all_done = all_done && done[b];
-    }
-    if (all_done) break;
-    // One token per sequence (finished ones keep running; their tokens are dropped).
-    Pass dec;
-    dec.decode = true;
-    dec.ids = next;
-    dec.lens = at::tensor(lens, at::kLong).to(device_);
-    dec.cache_used = *std::max_element(lens.begin(), lens.end()) + 1;
-    std::tie(dec.cos, dec.sin) = ops::rope_cos_sin(dec.lens, inv_freq_);
-    dec.run_layers = num_layers_loaded();
-    dec.cache = &cache;
-    next = final_logits(run_layers(dec)).argmax(-1);
-    for (auto& n : lens) ++n;
-  }
+  pass.run_layers = num_layers_loaded();
+  at::Tensor x = run_layers(pass);
+  if (logit_rows.defined()) x = x.index_select(0, logit_rows.to(device_));
+  out.logits = x.size(0) ? final_logits(x) : at::empty({0, cfg_.vocab_size}, x.options().dtype(at::kFloat));
   return out;
+}
+
+// ---- the recurrent cache of TargetCache --------------------------------------------------------
+
+HybridRecurrentCache::HybridRecurrentCache(const HybridTarget& model, int64_t rows) : model_(model) {
+  c10::InferenceMode guard;
+  const auto& layers = model.layers();
+  const HfConfig& c = model.config();
+  auto opt = layers.empty() ? at::TensorOptions() : model.embed_tokens().options();
+  for (int64_t l = 0; l < int64_t(layers.size()); ++l) {
+    if (!layers[l].linear) continue;
+    linear_.push_back(l);
+    state_.resize(layers.size());
+    DeltaNetState& s = state_[l];
+    s.conv = at::zeros({rows, c.linear_conv_dim(), c.linear_conv_kernel_dim - 1}, opt);
+    s.rec = at::zeros({rows, c.linear_num_value_heads, c.linear_key_head_dim, c.linear_value_head_dim},
+                      opt.dtype(at::kFloat));
+  }
+  saved_ = state_;
+  for (int64_t l : linear_) saved_[l] = {state_[l].conv.clone(), state_[l].rec.clone()};
+}
+
+TargetModel::LinearMixer HybridRecurrentCache::mixer(const std::vector<int64_t>& act, const std::vector<int64_t>& cu) {
+  at::Tensor rows = at::tensor(act, at::kLong).to(model_.embed_tokens().device());
+  const HfConfig& c = model_.config();
+  DeltaNetSpec s;
+  s.nk = c.linear_num_key_heads;
+  s.nv = c.linear_num_value_heads;
+  s.dk = c.linear_key_head_dim;
+  s.dv = c.linear_value_head_dim;
+  s.kernel = c.linear_conv_kernel_dim;
+  s.eps = c.rms_norm_eps;
+  return [this, rows, cu, s](int64_t l, const at::Tensor& h) {
+    return deltanet_forward(h, cu, model_.layers()[l].dn, s, &state_[l], rows);
+  };
+}
+
+void HybridRecurrentCache::snapshot() {
+  for (int64_t l : linear_) {
+    saved_[l].conv.copy_(state_[l].conv);
+    saved_[l].rec.copy_(state_[l].rec);
+  }
+}
+
+void HybridRecurrentCache::restore(int64_t row) {
+  for (int64_t l : linear_) {
+    state_[l].conv[row].copy_(saved_[l].conv[row]);
+    state_[l].rec[row].copy_(saved_[l].rec[row]);
+  }
+}
+
+void HybridRecurrentCache::reset(int64_t row) {
+  for (int64_t l : linear_) {
+    state_[l].conv[row].zero_();
+    state_[l].rec[row].zero_();
+  }
 }
 
 }  // namespace dflash::model

@@ -12,8 +12,9 @@
 // as released checkpoints and transformers' save_pretrained write them) or from the fused
 // mlp.experts.gate_up_proj [E, 2I, H] / mlp.experts.down_proj [E, H, I].
 //
-// Generation: attention layers keep a KV cache, linear layers their recurrent state and conv
-// window (the state is the cache), all per sequence.
+// Generation and verification run on TargetCache (target_cache.h) through forward_with:
+// attention layers use its KV cache, linear layers a HybridRecurrentCache (below: the recurrent
+// state and conv window per row are the cache).
 //
 // Owns: the weights (one device, one dtype; fused at load). Thread-safety: const after load.
 #pragma once
@@ -66,10 +67,12 @@ class HybridTarget {
                      const std::vector<int64_t>& layer_ids) const;
   TargetModel::Output forward(const at::Tensor& ids, const at::Tensor& cu_seqlens,
                               const std::vector<int64_t>& layer_ids) const;
-  std::vector<std::vector<int64_t>> generate(const std::vector<std::vector<int64_t>>& prompts,
-                                             int64_t max_new_tokens, bool stop_at_eos) const;
-
-  struct Cache;  // generation state (target_qwen35.cpp)
+  // As TargetModel's; `linear` is required when the model has linear_attention layers.
+  TargetModel::Output forward_with(const at::Tensor& ids, const at::Tensor& positions,
+                                   const std::vector<int64_t>& layer_ids,
+                                   const TargetModel::Attention& attend, const at::Tensor& logit_rows,
+                                   const TargetModel::LinearMixer* linear) const;
+  const HfConfig& config() const { return cfg_; }
 
  private:
   struct Pass;
@@ -85,6 +88,27 @@ class HybridTarget {
   at::Device device_ = at::kCPU;
   at::Tensor embed_, norm_, lm_head_, inv_freq_;
   std::vector<Layer> layers_;
+};
+
+// The recurrent part of a TargetCache (target_cache.h) for a target with linear_attention
+// layers: per row and layer the conv window and the delta-rule state, a snapshot of them taken
+// before every extend (so that a crop inside the last extend restores the snapshot; the cache
+// then replays the kept tokens), and the LinearMixer of one extend.
+class HybridRecurrentCache {
+ public:
+  HybridRecurrentCache(const HybridTarget& model, int64_t rows);
+  // The mixer for an extend over the rows `act` (in order), row act[j] holding tokens
+  // [cu[j], cu[j + 1]) of the pass.
+  TargetModel::LinearMixer mixer(const std::vector<int64_t>& act, const std::vector<int64_t>& cu);
+  void snapshot();                // before an extend
+  void restore(int64_t row);      // row back to the last snapshot
+  void reset(int64_t row);        // row back to empty (zeros)
+  bool empty() const { return state_.empty(); }
+
+ private:
+  const HybridTarget& model_;
+  std::vector<DeltaNetState> state_, saved_;  // per linear layer (empty tensors elsewhere)
+  std::vector<int64_t> linear_;               // the linear layer ids
 };
 
 // Drafter side for these families: embed_tokens and lm_head (the same tensor when tied),
