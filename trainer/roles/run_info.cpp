@@ -124,11 +124,15 @@ std::vector<std::string> run_header(const Config& cfg, const comm::RankContext& 
                           fmt::join(cfg.data.shards, ", ")));
   for (const auto& info : prepare_info_files(cfg)) {
     const json::Value v = json::parse_file(info);
-    auto field = [&](const char* k) { const auto* f = v.find(k); return f ? f->dump() : std::string("?"); };
-    std::string sha = field("chat_template_sha256");
-    if (sha.size() > 14) sha = sha.substr(0, 13) + "\"";
-    h.push_back(fmt::format("  prepared  {}: template sha256 {}, kwargs {}, thinking {}, supervise {}", info, sha,
-                            field("chat_template_kwargs"), field("thinking"), field("supervise")));
+    std::string what;
+    for (const char* k : {"chat_template_sha256", "chat_template_kwargs", "thinking", "supervise"}) {
+      const auto* f = v.find(k);
+      if (!f) continue;
+      std::string text = f->dump();
+      if (std::string(k) == "chat_template_sha256" && text.size() > 14) text = text.substr(0, 13) + "...\"";
+      what += fmt::format("{}{} {}", what.empty() ? "" : ", ", k, text);
+    }
+    h.push_back(fmt::format("  prepared  {}{}{}", info, what.empty() ? "" : ": ", what));
   }
   const int64_t epochs = p.data->locate(std::max<int64_t>(0, p.total_batches - 1)).first + 1;
   h.push_back(fmt::format("  training  steps {}..{} ({} epoch(s)), lr {:g}, log every {} step(s){}", p.start_step,
