@@ -43,11 +43,21 @@ def run(tmp_path_factory):
         pytest.skip(f"{RANK_BIN} not built")
     if shutil.which("mpirun") is None:
         pytest.skip("mpirun not found")
-    import make_demo_data
     import make_tiny_target
+    import prepare_data
+    sys.path.insert(0, os.path.join(SRC, "tests", "data"))
+    from test_prepare_data import QWEN3, conversations, make_tokenizer
     root = tmp_path_factory.mktemp("outputs")
     target = make_tiny_target.make(str(root / "target"), seed=0)
-    data = make_demo_data.make(target, str(root / "data"), num_docs=96, new_tokens=40, prompt_lens=(8, 16))
+    # The data as a user makes it: chat JSONL through prepare_data with the target's tokenizer
+    # (a tiny BPE with a Qwen3-style template, saved into the target directory; its ~320 ids
+    # lie inside the target's 512).
+    make_tokenizer(target, QWEN3)
+    chat = root / "chat.jsonl"
+    chat.write_text("".join(json.dumps(o) + "\n" for o, _ in conversations(3, 160)))
+    data = str(root / "data")
+    prepare_data.prepare(target, [str(chat)], data, block_size=8, template_kwargs={"enable_thinking": False},
+                         progress=False, log=open(os.devnull, "w"))
     run_dir = str(root / "runs" / "demo")
     o = {"run.dir": run_dir, "run.cpu_threads": 1, "target.model_dir": target, "data.shards": f"[{data}]",
          "data.batch_tokens": 384, "drafter.num_anchors": 24, "train.max_steps": STEPS, "train.lr": 1e-2,
@@ -120,7 +130,9 @@ def test_console_header_progress_and_closing_lines(run):
     assert out.count(f"dflash {version} | run 'demo'") == 1, out[:3000]
     for s in ["launch    mpi, world size 2", "layout    1 target + 1 drafter rank(s)",
               f"target    {run['target']} (qwen3, 6 layers, hidden 64, vocab 512); captured layers [1, 2, 3]",
-              "data      2 shard(s), 96 documents", f"run dir   {run['dir']}: metrics {run['dir']}/metrics.jsonl",
+              "data      1 shard(s), 160 documents",
+              f"prepared  {data_info(run)}: chat_template_sha256 ",
+              'chat_template_kwargs {"enable_thinking":false}, thinking "keep", supervise "all"', f"run dir   {run['dir']}: metrics {run['dir']}/metrics.jsonl",
               f"tensorboard --logdir {os.path.dirname(run['dir'])}"]:
         assert s in out, (s, out[:4000])
     lines = [l for l in out.splitlines() if "| loss " in l]
@@ -135,17 +147,23 @@ def test_console_header_progress_and_closing_lines(run):
         assert s in out, (s, out[-3000:])
 
 
+def data_info(run):
+    return os.path.join(run["data"], "prepare_info.json")
+
+
 def test_data_record_in_run_dir_and_export(run):
-    src = json.load(open(os.path.join(run["data"], "prepare_info.json")))
+    src = json.load(open(data_info(run)))
+    assert src["chat_template_kwargs"] == {"enable_thinking": False} and src["thinking"] == "keep"
+    assert len(src["chat_template_sha256"]) == 64
     assert json.load(open(os.path.join(run["dir"], "prepare_info.json"))) == src
     for d in ["final", "step-00000004"]:
         cfg = json.load(open(os.path.join(run["dir"], "exports", d, "config.json")))
         assert cfg["dflash_target"] == {"path": run["target"], "model_type": "qwen3", "num_hidden_layers": 6,
                                         "hidden_size": 64, "vocab_size": 512}
         assert cfg["dflash_data"]["prepare_info"] == os.path.join(run["data"], "prepare_info.json")
-        for k in ("tokens", "written"):
-            if k in src:
-                assert cfg["dflash_data"][k] == src[k]
+        for k in ("tokens", "written", "chat_template_sha256", "chat_template_kwargs", "thinking", "supervise",
+                  "model", "supervised_tokens"):
+            assert cfg["dflash_data"][k] == src[k], k
         assert cfg["dflash_version"]
 
 
