@@ -130,9 +130,8 @@ class DFlashDraftModel(PreTrainedModel):
         self.hidden_norm = DFlashRMSNorm(H, config.rms_norm_eps)
         self.layers = nn.ModuleList([DFlashDecoderLayer(config) for _ in range(config.num_hidden_layers)])
         self.norm = DFlashRMSNorm(H, config.rms_norm_eps)
-        head_dim = getattr(config, "head_dim", None) or H // config.num_attention_heads
-        inv = 1.0 / (_rope_theta(config) ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
-        self.register_buffer("inv_freq", inv.float(), persistent=False)  # not a weight of the export
+        self.head_dim = getattr(config, "head_dim", None) or H // config.num_attention_heads
+        self.rope_theta = _rope_theta(config)
         self.post_init()
 
     def _init_weights(self, module):
@@ -143,7 +142,11 @@ class DFlashDraftModel(PreTrainedModel):
             module.weight.data.fill_(1.0)
 
     def rope(self, position_ids, dtype):
-        freqs = position_ids[:, :, None].float() * self.inv_freq.to(position_ids.device)[None, None, :]
+        # computed per call, not a buffer: transformers may build the module without running
+        # buffer initialisers, and rotary frequencies are not a weight of the export
+        d = self.head_dim
+        inv = 1.0 / (self.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64, device=position_ids.device) / d))
+        freqs = (position_ids[:, :, None].double() * inv[None, None, :]).float()
         emb = torch.cat([freqs, freqs], dim=-1)[:, None]  # [B, 1, T, d]
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
