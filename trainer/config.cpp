@@ -96,19 +96,26 @@ std::vector<std::string> keys_of(S& s) {
   return l.keys;
 }
 
-// "; did you mean 'x'?" for an unknown key `k` under `path`: the closest key allowed there, else
-// a key of the whole schema with that name in another section ("lr" at the top: "train.lr").
+// "; did you mean 'x'?" for an unknown key `k` under `path`: the key of that exact name in another
+// section ("lr" at the top: "train.lr"), else the closest key allowed there, else a key of
+// another section with a close name.
 std::string suggest(const std::string& path, const std::string& k, const std::vector<std::string>& allowed) {
+  // the exact name in one other section first ("lr" at the top level: "train.lr")
+  std::vector<std::string> exact, near;
+  for (const auto& full : config_keys()) {
+    const auto dot = full.rfind('.');
+    if (dot == std::string::npos) continue;
+    const std::string leaf = full.substr(dot + 1);
+    if (leaf == k) exact.push_back(full);
+    else if (!did_you_mean(k, {leaf}).empty()) near.push_back(full);
+  }
+  if (exact.size() == 1 && exact[0] != (path.empty() ? k : path + "." + k))
+    return fmt::format("; did you mean '{}'?", exact[0]);
   std::vector<std::string> here;
   for (const auto& a : allowed) here.push_back(path.empty() ? a : path + "." + a);
   std::string s = did_you_mean(path.empty() ? k : path + "." + k, here);
   if (!s.empty()) return s;
-  std::vector<std::string> elsewhere;
-  for (const auto& full : config_keys()) {
-    const auto dot = full.rfind('.');
-    if (dot != std::string::npos && did_you_mean(k, {full.substr(dot + 1)}).size()) elsewhere.push_back(full);
-  }
-  return elsewhere.size() == 1 ? fmt::format("; did you mean '{}'?", elsewhere[0]) : "";
+  return near.size() == 1 ? fmt::format("; did you mean '{}'?", near[0]) : "";
 }
 
 template <class S>
@@ -303,8 +310,10 @@ Config parse_config(const std::string& yaml_text, const std::string& origin_name
     Setter s{where, split(key, '.'), "", value};
     cfg.visit(s);
     if (!s.found) {
-      throw_user("{}: unknown key '{}'{} (allowed at the top level: {}; use section.key=value)", where, key,
-                 did_you_mean(key, config_keys()), fmt::join(keys_of(cfg), ", "));
+      std::string dym = did_you_mean(key, config_keys());
+      if (dym.empty() && key.find('.') == std::string::npos) dym = suggest("", key, keys_of(cfg));
+      throw_user("{}: unknown key '{}'{} (allowed at the top level: {}; use section.key=value)", where, key, dym,
+                 fmt::join(keys_of(cfg), ", "));
     }
     cfg.overridden[key] = ov;
   }
