@@ -211,3 +211,19 @@ def test_check_export_against_targets(run, tmp_path):
         assert r.returncode == 2, (field, r.stdout, r.stderr)
         assert f"field '{field}'" in r.stderr and str(t) in r.stderr, (field, r.stderr)
         assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+@pytest.mark.parametrize("edit,expect", [
+    ({"dflash_config": {"mask_token_id": 511, "target_layer_ids": [3, 2, 1]}}, "target_layer_ids"),
+    ({"dflash_config": {"mask_token_id": 600, "target_layer_ids": [1, 2, 3]}}, "mask_token_id"),
+    ({"dtype": "float16", "torch_dtype": "float16"}, "dtype"),
+])
+def test_check_export_refuses_a_bad_export(run, tmp_path, edit, expect):
+    final = os.path.join(run["dir"], "exports", "final")
+    bad = tmp_path / "bad"
+    shutil.copytree(final, bad)
+    cfg = json.load(open(bad / "config.json"))
+    cfg.update(edit)
+    (bad / "config.json").write_text(json.dumps(cfg))
+    r = subprocess.run([RANK_BIN, "check-export", str(bad), "--target", run["target"]], capture_output=True, text=True)
+    assert r.returncode == 2 and expect in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
