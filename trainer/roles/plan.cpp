@@ -23,6 +23,7 @@ RunPlan make_plan(const Config& cfg, const Schedule& schedule, int world_size, i
 
   // The target and the drafter's shape (every rank: a mismatch is reported everywhere).
   if (cfg.target.model_dir.empty()) throw_user("config: target.model_dir is empty; expected a Hugging Face model directory");
+  check_paths(cfg);  // a missing directory or shard names its key (and the override that set it)
   p.target_config = model::load_hf_config(cfg.target.model_dir);
   p.target_info = model::target_info(p.target_config);
   if (!cfg.drafter.init_from.empty()) {

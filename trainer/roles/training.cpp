@@ -17,6 +17,7 @@
 #include "core/log.h"
 #include "trainer/roles/eval_hooks.h"
 #include "trainer/roles/roles.h"
+#include "trainer/roles/run_info.h"
 
 namespace dflash {
 namespace {
@@ -70,12 +71,10 @@ int run_training(const Config& cfg, const roles::RankContext& ctx, bool resume) 
   std::optional<roles::RunPlan> plan = plan_on_every_rank(cfg, ctx, resume, store.get(), &rc);
   if (!plan) return rc;
   const roles::RunPlan& p = *plan;
-  if (ctx.id.rank == 0)
-    log::info("plan: {} target + {} drafter rank(s){}, {} batches/step ({} x grad_accum {}), steps {}..{}, "
-              "{} documents / {} tokens, target layers [{}]{}",
-              p.target_ranks, p.drafter_ranks, p.colocated ? " (colocated)" : "", p.batches_per_step,
-              p.drafter_ranks, p.grad_accum, p.start_step, p.total_steps, p.data->num_docs(), p.data->num_tokens(),
-              fmt::join(p.layer_ids, ", "), p.resume ? fmt::format(", resuming from {}", p.resume_dir) : "");
+  if (ctx.id.rank == 0) {
+    for (const auto& line : roles::run_header(cfg, ctx, p)) log::info("{}", line);
+    roles::copy_data_record(cfg);
+  }
 
   if (p.colocated) {
     roles::RoleContext rc_ctx{cfg, ctx, p, nullptr, nullptr};
