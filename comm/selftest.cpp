@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "comm/startup_watchdog.h"
 #include "comm/store.h"
 #include "comm/watchdog.h"
 
@@ -74,6 +75,7 @@ Message make_check_batch(int64_t seed, int64_t k) {
 }
 
 RankContext start_rank(const LaunchOptions& opt, bool check_layout) {
+  startup_begin(opt.comm.startup_timeout_s);  // before any blocking call (comm/startup_watchdog.h)
   log::set_level(log::parse_level(opt.log_level));
   Identity id = detect();
   Schedule schedule = check_layout ? Schedule(opt.target_ranks, opt.drafter_ranks, opt.colocated, id.world_size)

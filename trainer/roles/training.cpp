@@ -14,6 +14,8 @@
 #include "comm/check.h"
 #include "core/error.h"
 #include "comm/identity.h"
+#include "comm/progress.h"
+#include "comm/startup_watchdog.h"
 #include "core/log.h"
 #include "trainer/roles/roles.h"
 
@@ -36,7 +38,10 @@ std::optional<roles::RunPlan> plan_on_every_rank(const Config& cfg, const comm::
   if (comm::mpi_active() && ctx.id.world_size > 1) {
     int failed = error.empty() ? 0 : 1;
     std::vector<int> all(static_cast<size_t>(ctx.id.world_size), 0);
-    DFLASH_CHECK_MPI(MPI_Allgather(&failed, 1, MPI_INT, all.data(), 1, MPI_INT, MPI_COMM_WORLD));
+    {
+      comm::StartupPhase phase("the plan agreement (MPI_Allgather)");  // bounded by comm.startup_timeout_s
+      DFLASH_CHECK_MPI(MPI_Allgather(&failed, 1, MPI_INT, all.data(), 1, MPI_INT, MPI_COMM_WORLD));
+    }
     std::vector<int> bad;
     for (int r = 0; r < ctx.id.world_size; ++r)
       if (all[static_cast<size_t>(r)]) bad.push_back(r);
@@ -65,6 +70,8 @@ int run_training(const Config& cfg, const comm::RankContext& ctx, bool resume) {
   int rc = kExitOk;
   std::optional<roles::RunPlan> plan = plan_on_every_rank(cfg, ctx, resume, &rc);
   if (!plan) return rc;
+  comm::progress::publish("plan done");
+  comm::progress::maybe_fail(ctx.id.rank, "plan");  // the fault tests' hook (comm/progress.h)
   const roles::RunPlan& p = *plan;
   if (ctx.id.rank == 0)
     log::info("plan: {} target + {} drafter rank(s){}, {} batches/step ({} x grad_accum {}), steps {}..{}, "
