@@ -30,7 +30,7 @@
 namespace dflash::comm::progress {
 namespace {
 
-constexpr uint32_t kMagic = 0x64505231;  // "dPR1"
+constexpr uint32_t kMagic = 0x64505232;  // "dPR2"
 constexpr const char* kRoot = "/dev/shm/dflash-board";
 
 struct Record {
@@ -45,8 +45,8 @@ struct Record {
   int32_t waits;              // > 0 while blocked in a communication
   int32_t pad;
   int64_t wait_since_ns;
-  char phase[32];
-  char wait[200];
+  char phase[64];
+  char wait[168];
 };
 
 std::mutex g_mu;

@@ -95,6 +95,7 @@ StartupPhase::StartupPhase(std::string what, double grace_s) {
 
 StartupPhase::~StartupPhase() {
   progress::waiting(nullptr);
+  progress::publish("start-up (between phases)");
   if (slot_ < 0) return;
   std::lock_guard<std::mutex> g(g_mu);
   g_phases[slot_].used.store(false, std::memory_order_release);

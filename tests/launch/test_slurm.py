@@ -106,6 +106,7 @@ def test_sbatch_preempted_requeues_and_resumes(slurm1, assets, reference, tmp_pa
     else:  # what --signal=USR1@120 does 120 s before the limit: USR1 to the job's steps
         p = run(["scancel", "--signal=USR1", jobid], env=slurm1.environ(), timeout=30)
     assert p.returncode == 0, p.all
+    slurm1.release_requeued(jobid)
     j, text = finished(slurm1, jobid, out, timeout=400)
     assert j["state"] == "COMPLETED" and j["restarts"] >= 1, f"{j}\n{text[-4000:]}"
     assert re.search(r"restart 1\)", text), text[-3000:]

@@ -62,7 +62,8 @@ case "$host" in
   {subnet}.2) ns={b} ;;
   *) echo "netns-rsh: ssh: connect to host $host: No route to host" >&2; exit 255 ;;
 esac
-exec ip netns exec "$ns" sh -c "$*"
+# its own host name too (a UTS namespace): Open MPI tells nodes apart by name
+exec ip netns exec "$ns" unshare --uts sh -c "hostname $ns; $*"
 """)
     agent.chmod(0o755)
     hostfile = d / "hosts"
