@@ -1,7 +1,5 @@
 #include "trainer/roles/training.h"
 
-#include <mpi.h>
-
 #include <algorithm>
 #include <optional>
 #include <thread>
@@ -10,56 +8,61 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "comm/agree.h"
 #include "comm/communicator.h"
-#include "comm/check.h"
-#include "core/error.h"
 #include "comm/identity.h"
 #include "comm/progress.h"
 #include "comm/startup_watchdog.h"
+#include "comm/store.h"
+#include "comm/watchdog.h"
+#include "core/error.h"
 #include "core/log.h"
 #include "trainer/roles/roles.h"
 
 namespace dflash {
 namespace {
 
-// Every rank resolves the plan; under MPI the ranks then agree on whether all succeeded, so
-// that each rank reports its own error (or names the ranks that failed) and all exit cleanly
-// with code 2, instead of the first failure tearing the others down before they can speak.
-std::optional<roles::RunPlan> plan_on_every_rank(const Config& cfg, const comm::RankContext& ctx, bool resume,
-                                                 int* exit_code) {
+// Every rank resolves the plan, then the ranks agree on whether all succeeded (comm/agree.h:
+// through MPI under an MPI launch, through the run's store under torchrun-style or SLURM
+// launches), so that each rank reports its own error and the others name the rank(s) that
+// failed and the cause, and all exit with the failure's code (2 for bad input) before anything
+// is written, instead of the first failure tearing the others down or leaving them waiting.
+std::optional<roles::RunPlan> plan_on_every_rank(const Config& cfg, const roles::RankContext& ctx, bool resume,
+                                                 comm::Store* store, int* exit_code) {
   std::optional<roles::RunPlan> plan;
-  std::string error;
+  comm::Report mine;
   try {
     plan = roles::make_plan(cfg, ctx.schedule, ctx.id.world_size, ctx.id.gpu, resume);
-  } catch (const UserError& e) {
-    if (!comm::mpi_active() || ctx.id.world_size == 1) throw;
-    error = e.what();
+  } catch (const std::exception& e) {
+    if (ctx.id.world_size == 1) throw;
+    mine = {comm::exit_code_of(e), e.what()};
   }
-  if (comm::mpi_active() && ctx.id.world_size > 1) {
-    int failed = error.empty() ? 0 : 1;
-    std::vector<int> all(static_cast<size_t>(ctx.id.world_size), 0);
-    {
-      comm::StartupPhase phase("the plan agreement (MPI_Allgather)");  // bounded by comm.startup_timeout_s
-      DFLASH_CHECK_MPI(MPI_Allgather(&failed, 1, MPI_INT, all.data(), 1, MPI_INT, MPI_COMM_WORLD));
-    }
-    std::vector<int> bad;
-    for (int r = 0; r < ctx.id.world_size; ++r)
-      if (all[static_cast<size_t>(r)]) bad.push_back(r);
-    if (!bad.empty()) {
-      if (!error.empty())
-        log::error("{}", error);
-      else
-        log::error("rank(s) [{}] rejected the run's input (see their messages); nothing was written", fmt::join(bad, ", "));
-      *exit_code = kExitUser;
-      return std::nullopt;
-    }
+  std::vector<comm::Report> all;
+  {
+    // a backstop at the deadline + 3 s (agree() reports a timeout better itself)
+    comm::StartupPhase phase("the plan agreement", 3.0);
+    all = comm::agree(ctx.id, "startup", mine, cfg.comm.startup_timeout_s, store);
   }
-  return plan;
+  std::vector<int> bad;
+  for (int r = 0; r < ctx.id.world_size; ++r)
+    if (!all[static_cast<size_t>(r)].ok()) bad.push_back(r);
+  if (bad.empty()) return plan;
+  if (!mine.ok()) {
+    log::error("{}", mine.what);
+    *exit_code = mine.code;
+  } else {
+    const comm::Report& first = all[static_cast<size_t>(bad[0])];
+    log::error("{} could not start: {}{}; nothing was written", comm::name_rank(bad[0]), first.what,
+               bad.size() > 1 ? fmt::format(" (ranks [{}] failed too)", fmt::join(bad.begin() + 1, bad.end(), ", "))
+                              : "");
+    *exit_code = first.code;
+  }
+  return std::nullopt;
 }
 
 }  // namespace
 
-int run_training(const Config& cfg, const comm::RankContext& ctx, bool resume) {
+int run_training(const Config& cfg, const roles::RankContext& ctx, bool resume) {
   // CPU threads: share the cores among the ranks of this node (the CPU demo runs 4 ranks on 2).
   if (ctx.id.gpu < 0) {
     int threads = static_cast<int>(cfg.run.cpu_threads);
@@ -68,7 +71,9 @@ int run_training(const Config& cfg, const comm::RankContext& ctx, bool resume) {
     at::set_num_threads(threads);
   }
   int rc = kExitOk;
-  std::optional<roles::RunPlan> plan = plan_on_every_rank(cfg, ctx, resume, &rc);
+  // One store for the start-up of a launch without MPI (the agreement, then NCCL's rendezvous).
+  std::shared_ptr<comm::Store> store = comm::startup_store(ctx.id, cfg.comm.startup_timeout_s);
+  std::optional<roles::RunPlan> plan = plan_on_every_rank(cfg, ctx, resume, store.get(), &rc);
   if (!plan) return rc;
   comm::progress::publish("plan done");
   comm::progress::maybe_fail(ctx.id.rank, "plan");  // the fault tests' hook (comm/progress.h)
@@ -85,11 +90,7 @@ int run_training(const Config& cfg, const comm::RankContext& ctx, bool resume) {
     roles::run_colocated(rc_ctx);
     return kExitOk;
   }
-  comm::CommOptions co;
-  co.backend = cfg.comm.backend;
-  co.timeout_s = cfg.comm.timeout_s;
-  co.startup_timeout_s = cfg.comm.startup_timeout_s;
-  std::unique_ptr<comm::Communicator> c = comm::make_communicator(co, ctx.id);
+  std::unique_ptr<comm::Communicator> c = comm::make_communicator(roles::comm_options(cfg), ctx.id, store);
   std::shared_ptr<comm::Group> drafters = c->new_group(ctx.schedule.drafter_ranks());
   roles::RoleContext role{cfg, ctx, p, c.get(), drafters};
   if (ctx.schedule.is_target(ctx.id.rank))
