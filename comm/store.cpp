@@ -15,6 +15,7 @@
 
 #include "core/error.h"
 #include "comm/identity.h"
+#include "comm/progress.h"
 #include "comm/startup_watchdog.h"
 #include "core/log.h"
 
@@ -229,9 +230,12 @@ std::vector<std::string> rendezvous(Store& store, const std::string& tag, int ra
     try {
       return split_lines(store.get_string(all_key, timeout_s));
     } catch (const CommError&) {
-      throw CommError(fmt::format("rendezvous '{}': rank 0 did not complete it within {:.0f} s (rank 0 "
-                                  "died, or other ranks never arrived; see rank 0's log)",
-                                  tag, timeout_s));
+      // who is late, when this node can tell (comm/progress.h)
+      std::string late = progress::diagnose();
+      throw CommError(fmt::format("rendezvous '{}': rank 0 did not complete it within {:.0f} s{}", tag, timeout_s,
+                                  late.empty() ? " (rank 0 may have died or stopped, or other ranks never arrived; "
+                                                 "see rank 0's log)"
+                                               : "; " + late));
     }
   }
   auto deadline = deadline_after(timeout_s);
