@@ -183,8 +183,13 @@ void ensure_mpi() {
 }
 
 void finalize_mpi() {
+  if (g_mpi_ours && mpi_active()) {
+    // MPI_Finalize waits for every rank (a PMIx fence): a rank that is stopped or hangs would hold
+    // the others here forever; the start-up deadline bounds it too
+    StartupPhase phase("MPI_Finalize (every rank meets at the end of the run)");
+    MPI_Finalize();
+  }
   progress::close();
-  if (g_mpi_ours && mpi_active()) MPI_Finalize();
 }
 
 Identity detect() {

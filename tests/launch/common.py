@@ -208,13 +208,18 @@ def slurm_available():
     return shutil.which("slurmctld", path="/usr/sbin:/usr/bin:/sbin:/bin") is not None
 
 
-@pytest.fixture(scope="module")
-def reference(assets, tmp_path_factory):
+def make_reference(assets, tmp_path_factory, steps=STEPS):
     """The uninterrupted one-node run, started directly: mpirun -np 4 dflash_rank --config
     configs/demo.yaml (2 target + 2 drafter ranks). Returns (step -> loss, export digest)."""
     d = tmp_path_factory.mktemp("ref") / "run"
-    p = run(["mpirun", "-np", 4, BIN, "--config", DEMO, *demo_overrides(assets, str(d))], cwd=SOURCE, timeout=300)
+    p = run(["mpirun", "-np", 4, BIN, "--config", DEMO, *demo_overrides(assets, str(d), steps=steps)], cwd=SOURCE,
+            timeout=300)
     assert p.returncode == 0, p.all[-4000:]
     losses = step_losses(d)
-    assert len(losses) == STEPS, losses
+    assert len(losses) == steps, losses
     return losses, export_digest(d)
+
+
+@pytest.fixture(scope="module")
+def reference(assets, tmp_path_factory):
+    return make_reference(assets, tmp_path_factory)

@@ -10,8 +10,8 @@ nothing was written (no checkpoint).
 
 mpirun: the CPU demo, 2 target ranks (0, 1) + 2 drafter ranks (2, 3); culprits target 1 and
 drafter 3. kill -9 and SIGSTOP come from outside (the test finds the rank's PID in /proc) once
-step 5 is logged (a state exists at step 4); the throw is the hook DFLASH_TEST_FAIL_AT=r:b11:throw
-(the rank's first wait on batch 11, step 6); "never started" is a rank that does not reach
+step 5 is logged (a state exists at step 4); the throw is the hook DFLASH_TEST_FAIL_AT=r:b21:throw
+(the rank's first wait on batch 21, step 11 of 16; states every 4 steps); "never started" is a rank that does not reach
 MPI_Init (r:init:hang: mpirun starts every process, so a process that never gets to MPI is what a
 rank that was never started looks like to the others); "stopped before MPI_Init" r:init:stop,
 "stopped after the plan" r:plan:stop (SIGSTOP to itself).
@@ -36,9 +36,10 @@ from pathlib import Path
 import pytest
 
 from common import (BIN, DEMO, SOURCE, assets, clean_env, demo_overrides, export_digest, free_port,  # noqa: F401
-                    leftovers, reference, step_losses, wait_gone)
+                    leftovers, make_reference, step_losses, wait_gone)
 
 DEADLINE = 5
+STEPS = 16  # long enough that a fault at step 5 meets every rank in mid-run (targets run ~2 steps ahead)
 SLACK = 10  # the issue's bound: deadline + 10 s
 FULL = os.environ.get("DFLASH_FULL_FAULT_MATRIX") == "1"
 MPI_KINDS = ["kill9", "sigstop", "throw", "never_started", "stopped_before_init", "stopped_after_plan"]
@@ -111,8 +112,16 @@ def kill_leftovers(marker):
             pass
 
 
+@pytest.fixture(scope="module")
+def reference(assets, tmp_path_factory):
+    return make_reference(assets, tmp_path_factory, steps=STEPS)
+
+
 def check_blame(text, culprit):
-    named = [l for l in text.splitlines() if "error" in l and re.search(rf"\brank {culprit}\b", l)]
+    """A line names the culprit (another rank's error, or the culprit's own error line), and no
+    line calls an innocent rank stopped, dead, never started or idle."""
+    named = [l for l in text.splitlines() if "error" in l and
+             (re.search(rf"\brank {culprit}\b", l) or l.startswith(f"[dflash r{culprit}/"))]
     assert named, f"no error line names rank {culprit}\n{text[-5000:]}"
     innocent = {int(m[1]) for m in BLAME.finditer(text)} - {culprit}
     assert not innocent, f"innocent rank(s) {innocent} blamed\n{text[-5000:]}"
@@ -130,10 +139,10 @@ def test_mpirun_fault(kind, role, assets, reference, tmp_path):
     r = MPI_CULPRITS[role]
     marker = f"fm{uuid.uuid4().hex[:8]}"
     run_dir = tmp_path / "run"
-    hook = {"throw": f"{r}:b11:throw", "never_started": f"{r}:init:hang", "stopped_before_init": f"{r}:init:stop",
+    hook = {"throw": f"{r}:b21:throw", "never_started": f"{r}:init:hang", "stopped_before_init": f"{r}:init:stop",
             "stopped_after_plan": f"{r}:plan:stop"}.get(kind)
     env = clean_env(**({"DFLASH_TEST_FAIL_AT": hook} if hook else {}))
-    args = demo_overrides(assets, str(run_dir), **{"run.name": marker, "comm.timeout_s": DEADLINE,
+    args = demo_overrides(assets, str(run_dir), steps=STEPS, **{"run.name": marker, "comm.timeout_s": DEADLINE,
                                                     "comm.startup_timeout_s": DEADLINE, "log.console_rank": -1})
     run = Run(["mpirun", "-np", 4, BIN, "--config", DEMO, *args], env)
     try:
@@ -156,7 +165,7 @@ def test_mpirun_fault(kind, role, assets, reference, tmp_path):
     finally:
         kill_leftovers(marker)
     if kind in ("kill9", "sigstop", "throw"):  # mid-run: --resume finishes the run as if nothing happened
-        args = demo_overrides(assets, str(run_dir))
+        args = demo_overrides(assets, str(run_dir), steps=STEPS)
         p = subprocess.run(["mpirun", "-np", "4", str(BIN), "--config", str(DEMO), *args, "--resume"], env=clean_env(),
                            cwd=SOURCE, capture_output=True, text=True, timeout=300)
         assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
