@@ -185,7 +185,7 @@ class Slurm:
         while time.monotonic() - t0 < timeout:
             j = self.job(jobid)
             if j["restarts"] >= 1 and j["state"] == "PENDING":
-                run(["scontrol", "update", f"jobid={jobid}", "begintime=now"], env=self.environ(), timeout=30)
+                run(["scontrol", "update", f"jobid={jobid}", "StartTime=now"], env=self.environ(), timeout=30)
                 return True
             if j["state"] in ("COMPLETED", "FAILED", "CANCELLED"):
                 return False
