@@ -11,6 +11,8 @@
 #include "comm/agree.h"
 #include "comm/communicator.h"
 #include "comm/identity.h"
+#include "comm/progress.h"
+#include "comm/startup_watchdog.h"
 #include "comm/store.h"
 #include "comm/watchdog.h"
 #include "core/error.h"
@@ -37,7 +39,12 @@ std::optional<roles::RunPlan> plan_on_every_rank(const Config& cfg, const roles:
     if (ctx.id.world_size == 1) throw;
     mine = {comm::exit_code_of(e), e.what()};
   }
-  const std::vector<comm::Report> all = comm::agree(ctx.id, "startup", mine, cfg.comm.startup_timeout_s, store);
+  std::vector<comm::Report> all;
+  {
+    // a backstop at the deadline + 3 s (agree() reports a timeout better itself)
+    comm::StartupPhase phase("the plan agreement", 3.0);
+    all = comm::agree(ctx.id, "startup", mine, cfg.comm.startup_timeout_s, store);
+  }
   std::vector<int> bad;
   for (int r = 0; r < ctx.id.world_size; ++r)
     if (!all[static_cast<size_t>(r)].ok()) bad.push_back(r);
@@ -70,6 +77,8 @@ int run_training(const Config& cfg, const roles::RankContext& ctx, bool resume) 
   std::shared_ptr<comm::Store> store = comm::startup_store(ctx.id, cfg.comm.startup_timeout_s);
   std::optional<roles::RunPlan> plan = plan_on_every_rank(cfg, ctx, resume, store.get(), &rc);
   if (!plan) return rc;
+  comm::progress::publish("plan done");
+  comm::progress::maybe_fail(ctx.id.rank, "plan");  // the fault tests' hook (comm/progress.h)
   const roles::RunPlan& p = *plan;
   if (ctx.id.rank == 0) {
     for (const auto& line : roles::run_header(cfg, ctx, p)) log::info("{}", line);
