@@ -34,11 +34,11 @@ std::string user_error(F&& f) {
 }
 
 TargetInfo qwen3_8b() {
-  TargetInfo t;
-  HfConfig& c = t.config;
+  HfConfig c;
   c.model_type = "qwen3", c.hidden_size = 4096, c.intermediate_size = 12288, c.num_hidden_layers = 36;
   c.num_attention_heads = 32, c.num_key_value_heads = 8, c.head_dim = 128, c.vocab_size = 151936;
   c.rope.theta = 1e6, c.max_position_embeddings = 40960, c.bos_token_id = 151643, c.eos_token_ids = {151645};
+  TargetInfo t = target_info(c);
   t.mask_token_id = 151669;
   return t;
 }
@@ -193,10 +193,10 @@ TEST(Attention, ArgumentErrorsNameTheField) {
 }
 
 TEST(Export, MakeDrafterFromInitFromChecksTheConfig) {
-  TargetInfo t;
-  HfConfig& c = t.config;
+  HfConfig c;
   c.hidden_size = 32, c.intermediate_size = 48, c.num_hidden_layers = 8, c.num_attention_heads = 4;
   c.num_key_value_heads = 2, c.head_dim = 8, c.vocab_size = 64, c.rope.theta = 1e6;
+  TargetInfo t = target_info(c);
   t.mask_token_id = 63;
   DrafterConfig cfg;
   cfg.num_layers = 2;

@@ -86,7 +86,25 @@ struct SiluMul : public torch::autograd::Function<SiluMul> {
 TargetInfo target_info(const HfConfig& c) {
   TargetInfo t;
   t.config = c;
-  t.mask_token_id = (c.model_type == "qwen3" && c.vocab_size == 151936) ? 151669 : -1;
+  t.mask_token_id = ((c.model_type == "qwen3" || c.model_type == "qwen3_moe") && c.vocab_size == 151936) ? 151669 : -1;
+  t.num_heads = c.num_attention_heads;
+  t.num_kv_heads = c.num_key_value_heads;
+  t.head_dim = c.head_dim;
+  t.intermediate_size = c.intermediate_size;
+  if (c.family == TargetFamily::Qwen35) {
+    // The released Qwen3.5/3.6 drafters (z-lab, configs as quoted publicly): for the targets'
+    // 256-wide gated attention heads, Qwen3 attention of 32 heads x 128 with 8 kv heads for dense
+    // targets (Qwen3.6-27B) and 4 for MoE ones (Qwen3.6-35B-A3B); smaller (test) targets keep
+    // their own head shape. MLP width: the target's intermediate_size, or 3 H for MoE targets
+    // without one (35B-A3B: 6144). MASK 248070 (DFLASH.md §1.3).
+    if (c.head_dim > 128) {
+      t.num_heads = 32;
+      t.head_dim = 128;
+      t.num_kv_heads = c.num_experts > 0 ? 4 : 8;
+    }
+    if (t.intermediate_size <= 0) t.intermediate_size = 3 * c.hidden_size;
+    if (c.vocab_size == 248320) t.mask_token_id = 248070;
+  }
   return t;
 }
 
@@ -168,11 +186,11 @@ DrafterSpec make_spec(const TargetInfo& target, const DrafterConfig& cfg, const 
   const HfConfig& c = target.config;
   DrafterSpec s;
   s.hidden_size = c.hidden_size;
-  s.intermediate_size = c.intermediate_size;
+  s.intermediate_size = target.intermediate_size;
   s.num_layers = cfg.num_layers;
-  s.num_heads = c.num_attention_heads;
-  s.num_kv_heads = c.num_key_value_heads;
-  s.head_dim = c.head_dim;
+  s.num_heads = target.num_heads;
+  s.num_kv_heads = target.num_kv_heads;
+  s.head_dim = target.head_dim;
   s.vocab_size = c.vocab_size;
   s.rms_norm_eps = c.rms_norm_eps;
   s.rope_theta = c.rope.theta;

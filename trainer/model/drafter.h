@@ -29,15 +29,19 @@ struct DrafterConfig;
 
 namespace dflash::model {
 
-// The target as the drafter sees it: its config.json, and the MASK id, which config.json does not
-// hold.
+// The target as the drafter sees it: its config.json, and what config.json does not say
+// directly: the MASK id and the attention/MLP shape of a drafter for this target.
 struct TargetInfo {
   HfConfig config;
   int64_t mask_token_id = -1;  // the tokenizer's MASK id if known (Qwen3: 151669), else -1
+  // The drafter's heads, kv heads, head dim and MLP width: the target's own, except for the
+  // families whose released drafters differ (Qwen3.5/3.6, see target_info()).
+  int64_t num_heads = 0, num_kv_heads = 0, head_dim = 0, intermediate_size = 0;
 };
 
 // mask_token_id: 151669 for a Qwen3 target with the 151936-row vocabulary (the "<|MASK|>" id
-// DFLASH.md §1.3 uses), else -1 (drafter.mask_token_id must be set).
+// DFLASH.md §1.3 uses), 248070 for Qwen3.5/3.6 with 248320 rows, else -1 (drafter.mask_token_id
+// must be set).
 TargetInfo target_info(const HfConfig& cfg);
 
 // Shape and constants of a drafter; exactly the fields of the exported config.json.

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "trainer/model/target.h"
+#include "trainer/roles/eval_hooks.h"
 #include "trainer/roles/roles.h"
 
 namespace dflash::roles {
@@ -31,10 +32,13 @@ void run_target_role(const RoleContext& ctx) {
     comm::HandlePtr handle;
     comm::Message msg;  // keeps the tensors alive until the send completes
   };
+  std::unique_ptr<EvalWorker> evw;  // the eval rank (eval_hooks.h)
+  if (ctx.eval_group && ctx.eval_group->contains(ctx.rank.id.rank)) evw = std::make_unique<EvalWorker>(ctx);
   std::deque<InFlight> inflight;
   double wait_acc = 0;
   size_t sent = 0;
   for (const int64_t k : mine) {
+    if (evw) evw->before_batch(k);
     const double t0 = now_s();
     data::Batch b = p.data->batch(k);
     BatchMessage bm;
@@ -67,6 +71,7 @@ void run_target_role(const RoleContext& ctx) {
     inflight.front().handle->wait();
     inflight.pop_front();
   }
+  if (evw) evw->finish();
   log::info("target {}: all batches sent", i);
 }
 
