@@ -95,7 +95,7 @@ struct DrafterConfig {
     v("mask_token_id", mask_token_id, "id of the MASK token (-1: from the target)");
     v("gamma", gamma, "loss decay; 0 picks DFLASH.md's value for the block size");
     v("attention", attention, "sdpa (reference path) or kernel (CUDA block-sparse)");
-    v("loss_chunk", loss_chunk, "draft positions per chunk of the fused LM head + CE");
+    v("loss_chunk", loss_chunk, "draft positions per chunk of the fused LM head + CE (> 0; model/drafter.h)");
     v("init_from", init_from, "exported drafter directory to initialise from (empty: random)");
   }
 };

@@ -147,9 +147,8 @@ DrafterTrainer::DrafterTrainer(const RoleContext& ctx, int64_t drafter_index, in
     log::info("drafter {}: resumed from {} (step {}, batch {})", m.j, p.resume_dir, p.resume->step,
               p.resume->next_batch);
   }
+  // drafter.attention is "sdpa" or "kernel" (checked once, when the config is loaded)
   m.sopt.attention = m.cfg.drafter.attention == "kernel" ? attention::Backend::Kernel : attention::Backend::Reference;
-  if (m.cfg.drafter.attention != "kernel" && m.cfg.drafter.attention != "sdpa")
-    throw_user("config: drafter.attention = '{}', expected sdpa or kernel", m.cfg.drafter.attention);
   m.sopt.num_anchors = m.cfg.drafter.num_anchors;
   m.sopt.seed = static_cast<uint64_t>(m.cfg.run.seed);
   m.sopt.gamma = p.gamma;

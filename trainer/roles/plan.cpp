@@ -48,7 +48,7 @@ RunPlan make_plan(const Config& cfg, const Schedule& schedule, int world_size, i
   d.batch_tokens = cfg.data.batch_tokens;
   d.max_seq_len = cfg.data.max_seq_len;
   d.seed = cfg.run.seed;
-  d.vocab_limit = p.target_info.vocab_size;
+  d.vocab_limit = p.target_config.vocab_size;
   p.data = std::make_shared<data::Dataset>(d);
 
   if (cfg.train.epochs < 1 && cfg.train.max_steps <= 0)
