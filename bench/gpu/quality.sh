@@ -22,7 +22,8 @@
 # DFLASH_BUILD (default /tmp/dflash-gpu-build), DFLASH_PYTHON (python3), Q_TRAIN (12000 prompts),
 # Q_EVAL (512 held-out prompts made, Q_EVAL_PROMPTS=256 evaluated), Q_REGEN_BATCH (512),
 # Q_MAX_NEW (384), Q_SPEED_PROMPTS (512), Q_STEPS (500), Q_ABLATION ("drafter.num_layers=1"),
-# Q_EVAL_BATCH (32), Q_EVAL_MAX_NEW (256), Q_DEVICE (auto), Q_OVERRIDES (more config overrides),
+# Q_EVAL_BATCH (32), Q_EVAL_MAX_NEW (256), Q_EVAL_EVERY (100: real tau during training on 32
+# held-out prompts x 128 tokens, for the curve; 0: off), Q_DEVICE (auto), Q_OVERRIDES (more config overrides),
 # Q_SKIP_HF=1 (no transformers comparison), Q_TOY=1 (CPU smoke run: tests/real/test_chain.py).
 # targets: dflash_rank
 set -uo pipefail
@@ -50,6 +51,7 @@ Q_TRAIN=${Q_TRAIN:-12000}; Q_EVAL=${Q_EVAL:-512}; Q_EVAL_PROMPTS=${Q_EVAL_PROMPT
 Q_REGEN_BATCH=${Q_REGEN_BATCH:-512}; Q_MAX_NEW=${Q_MAX_NEW:-384}; Q_SPEED_PROMPTS=${Q_SPEED_PROMPTS:-512}
 Q_STEPS=${Q_STEPS:-500}; Q_ABLATION=${Q_ABLATION:-drafter.num_layers=1}
 Q_EVAL_BATCH=${Q_EVAL_BATCH:-32}; Q_EVAL_MAX_NEW=${Q_EVAL_MAX_NEW:-256}; Q_DEVICE=${Q_DEVICE:-auto}
+Q_EVAL_EVERY=${Q_EVAL_EVERY:-100}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export TQDM_DISABLE=1 DFLASH_BUILD_DIR=$BUILD
 source tools/mpi_env.sh
@@ -188,7 +190,14 @@ train_eval() {
     local resume=()
     if ls "$dir"/checkpoints/* >/dev/null 2>&1; then resume=(--resume); else rm -rf "$dir"; fi
     # shellcheck disable=SC2086
-    timeout "$T" "$RANK" "${train_cfg[@]}" run.dir="$dir" "$@" ${Q_OVERRIDES:-} "${resume[@]}" 2>&1 |
+    # the real tau during training (the curve): every Q_EVAL_EVERY steps on the first 32 held-out prompts
+    local curve=()
+    if have_eval && [ "$Q_EVAL_EVERY" -gt 0 ]; then
+      head -32 "$S/eval_prompts.jsonl" > "$S/eval_curve_prompts.jsonl"
+      curve=(eval.every="$Q_EVAL_EVERY" eval.prompts="$S/eval_curve_prompts.jsonl" eval.max_new_tokens=128
+             eval.batch_size=32 eval.baseline=false)
+    fi
+    timeout "$T" "$RANK" "${train_cfg[@]}" run.dir="$dir" "$@" "${curve[@]}" ${Q_OVERRIDES:-} "${resume[@]}" 2>&1 |
       tee "$OUT/train_$name.log" | grep -E "step .*/|error|plan" | sed -n '1p;$p'
     [ -f "$dir/exports/final/config.json" ] || { say "training $name not finished: run the stage again"; return 1; }
   fi
