@@ -16,6 +16,8 @@
 # metrics, quality_curves.png, logs. `all` runs the three stages in a row.
 # Wheels in .whl/ (the gguf wheel: the GPU machines have no registry) are unpacked into the state
 # directory and put on PYTHONPATH (with their dist-info, which transformers checks).
+# DFLASH_GGUF may also name a folder (or a path prefix) of parts of the file (*.part*, joined in name
+# order: e.g. .gguf/ with smol.part00 smol.part01); the sha256 check of get_smollm2.py covers the join.
 # Called by run_all.sh as `quality.sh BUILD OUT` it runs `all` when DFLASH_GGUF is set, else skips.
 #
 # Settings (environment): DFLASH_GGUF, DFLASH_QUALITY_MODEL (an HF directory instead of the GGUF),
@@ -100,8 +102,16 @@ convert() {
   [ -n "${DFLASH_QUALITY_MODEL:-}" ] && return 0
   step "GGUF -> HF directory (tools/get_smollm2.py)" 120
   [ "$T" -gt 0 ] || return 1
-  [ -f "${DFLASH_GGUF:?set DFLASH_GGUF to the GGUF file}" ] || { say "DFLASH_GGUF=$DFLASH_GGUF does not exist"; exit 2; }
-  timeout "$T" "$PY" tools/get_smollm2.py --gguf "$DFLASH_GGUF" --out "$MODEL" 2>&1 | tee -a "$LOG" | tail -3
+  local gguf=${DFLASH_GGUF:?set DFLASH_GGUF to the GGUF file, or to a folder or prefix of its parts}
+  if [ ! -f "$gguf" ]; then  # parts (a file split to fit the device tool's transfers): joined in name order
+    local parts=()
+    if [ -d "$gguf" ]; then parts=("$gguf"/*.part*); else parts=("$gguf"*.part*); fi
+    [ -f "${parts[0]}" ] || { say "DFLASH_GGUF=$gguf: no such file, and no parts $gguf*.part*"; exit 2; }
+    [ -f "$S/joined.gguf" ] || { cat "${parts[@]}" > "$S/joined.gguf.tmp" && mv "$S/joined.gguf.tmp" "$S/joined.gguf"; }
+    say "joined ${#parts[@]} parts into $S/joined.gguf ($(stat -c %s "$S/joined.gguf") bytes; get_smollm2 checks the sha256)"
+    gguf=$S/joined.gguf
+  fi
+  timeout "$T" "$PY" tools/get_smollm2.py --gguf "$gguf" --out "$MODEL" 2>&1 | tee -a "$LOG" | tail -3
   [ -f "$MODEL/dflash_convert.json" ] || { say "conversion failed"; exit 1; }
 }
 
