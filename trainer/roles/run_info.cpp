@@ -103,7 +103,7 @@ model::ExportRecord export_record(const Config& cfg, const RunPlan& p) {
   return r;
 }
 
-std::vector<std::string> run_header(const Config& cfg, const comm::RankContext& ctx, const RunPlan& p) {
+std::vector<std::string> run_header(const Config& cfg, const RankContext& ctx, const RunPlan& p) {
   std::vector<std::string> h;
   const auto& id = ctx.id;
   const auto& t = p.target_config;

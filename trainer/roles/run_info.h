@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "comm/selftest.h"
+#include "trainer/roles/startup.h"
 #include "trainer/config.h"
 #include "trainer/model/export.h"
 #include "trainer/roles/plan.h"
@@ -21,7 +21,7 @@
 namespace dflash::roles {
 
 // The header lines (without the log prefix).
-std::vector<std::string> run_header(const Config& cfg, const comm::RankContext& ctx, const RunPlan& plan);
+std::vector<std::string> run_header(const Config& cfg, const RankContext& ctx, const RunPlan& plan);
 
 // The prepare_info.json files of the configured shards (a shard file's directory, or a shard
 // directory), deduplicated, in data.shards order.
