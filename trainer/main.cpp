@@ -160,7 +160,18 @@ int run_eval(int argc, char** argv) {  // one process, no communicator
   return dflash::eval::run_eval_command(cfg);
 }
 
-int run_regenerate(int argc, char** argv) { return dflash::eval::regenerate_command(argc, argv); }
+// One process without a communicator: its errors are printed here, not through fail_fast.
+int run_regenerate(int argc, char** argv) {
+  try {
+    return dflash::eval::regenerate_command(argc, argv);
+  } catch (const dflash::UserError& e) {
+    std::fprintf(stderr, "dflash_rank: error: %s\n", e.what());
+    return dflash::kExitUser;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dflash_rank: internal error: %s\n", e.what());
+    return dflash::kExitInternal;
+  }
+}
 
 int run_check_export(int argc, char** argv) {
   std::string dir, target;
