@@ -204,7 +204,7 @@ train_eval() {
     local curve=()
     if have_eval && [ "$Q_EVAL_EVERY" -gt 0 ]; then
       head -32 "$S/eval_prompts.jsonl" > "$S/eval_curve_prompts.jsonl"
-      curve=(eval.every="$Q_EVAL_EVERY" eval.prompts="$S/eval_curve_prompts.jsonl" eval.max_new_tokens=128
+      curve=(eval.every="$Q_EVAL_EVERY" eval.prompts="$S/eval_curve_prompts.jsonl" eval.max_new_tokens="${Q_CURVE_MAX_NEW:-128}"
              eval.batch_size=32 eval.baseline=false)
     fi
     timeout "$T" "$RANK" "${train_cfg[@]}" run.dir="$dir" "$@" "${curve[@]}" ${Q_OVERRIDES:-} "${resume[@]}" 2>&1 |
