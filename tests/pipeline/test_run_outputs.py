@@ -111,7 +111,7 @@ def test_tensorboard_events_hold_every_metric(run):
         for tag, v in flat.items():
             expect.setdefault(tag, {})[r["step"]] = v
     # the console's scalars and the per-offset accuracy are among them (block size 8: 7 offsets)
-    for must in ["loss", "accuracy", "tau", "lr", "grad_norm", "target_tok_s", "drafter_tok_s", "elapsed_s",
+    for must in ["loss", "accuracy", "tau_est", "lr", "grad_norm", "target_tok_s", "drafter_tok_s", "elapsed_s",
                  "eta_s", "percent", "epoch", "mem_gb"] + [f"accuracy_per_pos/{k}" for k in range(7)]:
         assert must in expect, must
     assert "mfu" not in expect  # null on CPU: not a scalar
