@@ -25,6 +25,7 @@
 
 #include "comm/watchdog.h"
 #include "core/error.h"
+#include "core/fault.h"
 #include "core/log.h"
 
 namespace dflash::comm::progress {
@@ -323,23 +324,7 @@ void close() {
 }
 
 void maybe_fail(int rank, const std::string& phase) {
-  static const char* spec = std::getenv("DFLASH_TEST_FAIL_AT");
-  if (!spec || !*spec) return;
-  int r = -1;
-  char where[32] = {0}, kind[16] = {0};
-  if (std::sscanf(spec, "%d:%31[^:]:%15s", &r, where, kind) != 3)
-    throw_user("environment variable DFLASH_TEST_FAIL_AT='{}' is not rank:batch:kind or rank:phase:kind", spec);
-  if (r != rank || phase != where) return;
-  std::string k = kind;
-  log::warn("DFLASH_TEST_FAIL_AT: injecting '{}' at {}", k, phase);
-  publish(("inject " + k).c_str(), -1, -1);
-  if (k == "throw") throw std::runtime_error(fmt::format("injected failure (DFLASH_TEST_FAIL_AT) at {}", phase));
-  if (k == "sigkill") raise(SIGKILL);
-  if (k == "stop") raise(SIGSTOP);
-  if (k == "hang" || k == "stop") {
-    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
-  }
-  throw_user("environment variable DFLASH_TEST_FAIL_AT: kind '{}' is not throw, sigkill, hang or stop", k);
+  fault::point(rank, phase, [](const std::string& kind) { publish(("inject " + kind).c_str(), -1, -1); });
 }
 
 }  // namespace dflash::comm::progress

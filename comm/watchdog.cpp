@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/fault.h"
 #include "comm/identity.h"
 #include "comm/progress.h"
 #include "core/log.h"
@@ -122,7 +123,7 @@ std::string describe_wait(const std::string& op, int peer, int64_t batch) {
 BlockedOn::BlockedOn(const std::string& op, int peer, int64_t batch, double timeout_s)
     : what_(describe_wait(op, peer, batch)), timeout_s_(timeout_s), start_ns_(now_ns()) {
   // start-up/fault hooks (comm/progress.h): the test hook for "b<K>", then "this rank waits"
-  if (batch >= 0 && std::getenv("DFLASH_TEST_FAIL_AT")) progress::maybe_fail(progress::rank_from_env(), fmt::format("b{}", batch));
+  if (batch >= 0 && fault::armed()) progress::maybe_fail(progress::rank_from_env(), fmt::format("b{}", batch));
   progress::waiting(what_.c_str(), batch);
   for (int i = 0; i < kMaxWaits; ++i) {
     // claim by CAS on the deadline (0 = free), write the text, then publish with `used`
@@ -234,26 +235,6 @@ void install_watchdog(double grace_s) {
   std::call_once(once, [grace_s] { std::thread(watchdog_loop, grace_s).detach(); });
 }
 
-void maybe_inject_failure(int rank, int64_t batch) {
-  static const char* spec = std::getenv("DFLASH_TEST_FAIL_AT");
-  if (!spec || !*spec) return;
-  int r = -1;
-  long long b = -1;
-  char kind[16] = {0};
-  if (std::sscanf(spec, "%d:%lld:%15s", &r, &b, kind) != 3) {
-    const char* second = std::strchr(spec, ':');
-    if (second && std::isalpha(static_cast<unsigned char>(second[1]))) return;  // rank:phase:kind (comm/progress.h)
-    throw_user("environment variable DFLASH_TEST_FAIL_AT='{}' is not rank:batch:kind", spec);
-  }
-  if (r != rank || b != batch) return;
-  std::string k = kind;
-  log::warn("DFLASH_TEST_FAIL_AT: injecting '{}' at batch {}", k, batch);
-  if (k == "throw") throw std::runtime_error(fmt::format("injected failure (DFLASH_TEST_FAIL_AT) at batch {}", batch));
-  if (k == "sigkill") raise(SIGKILL);
-  if (k == "hang") {
-    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
-  }
-  throw_user("environment variable DFLASH_TEST_FAIL_AT: kind '{}' is not throw, sigkill or hang", k);
-}
+void maybe_inject_failure(int rank, int64_t batch) { fault::point(rank, std::to_string(batch)); }
 
 }  // namespace dflash::comm
