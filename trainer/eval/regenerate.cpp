@@ -144,6 +144,7 @@ RegenStats regenerate_cached(const model::TargetModel& model, const std::vector<
     // Refill free rows when enough are free (or nothing else would run).
     const int64_t free_rows = B - active;
     if (next_item < items.size() && free_rows > 0 && (free_rows >= refill || active == 0)) {
+      const auto tf = Clock::now();
       std::vector<std::vector<int64_t>> prompts(B);
       std::vector<int64_t> filled;
       for (int64_t b = 0; b < B && next_item < items.size(); ++b) {
@@ -158,6 +159,7 @@ RegenStats regenerate_cached(const model::TargetModel& model, const std::vector<
       ++st.prefills;
       ++st.host_reads;
       auto next = sample_rows(step.logits, o.temperature, o.top_p, uniforms(filled));
+      st.prefill_s += since(tf);  // sample_rows read the tokens: the prefill is done
       for (size_t j = 0; j < filled.size(); ++j) take(filled[j], next[j]);
     }
     if (active == 0) continue;

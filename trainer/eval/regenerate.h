@@ -69,6 +69,7 @@ struct RegenStats {
   int64_t prompt_tokens = 0;
   int64_t steps = 0;     // decode steps (extend calls)
   int64_t prefills = 0;  // refill forwards
+  double prefill_s = 0;    // seconds in refills (prefill forward and first tokens, synced)
   int64_t host_reads = 0;  // device -> host reads of the rows' state (static: every check)
   int64_t graphs = 0;      // CUDA graphs captured (static on CUDA)
   std::string engine;      // "static" or "cache"

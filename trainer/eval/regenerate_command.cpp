@@ -174,10 +174,10 @@ int regenerate_command(int argc, char** argv) {
   });
   std::fclose(out);
   std::string summary = fmt::format(
-      "{{\"items\": {}, \"new_tokens\": {}, \"prompt_tokens\": {}, \"steps\": {}, \"prefills\": {}, "
+      "{{\"items\": {}, \"new_tokens\": {}, \"prompt_tokens\": {}, \"steps\": {}, \"prefills\": {}, \"prefill_s\": {:.3f}, "
       "\"seconds\": {:.3f}, \"tokens_per_s\": {:.1f}, \"batch_size\": {}, \"device\": \"{}\", \"dtype\": \"{}\", "
       "\"engine\": \"{}\", \"cuda_graphs\": {}, \"graphs\": {}, \"host_reads\": {}, \"check_every\": {}}}\n",
-      st.items, st.new_tokens, st.prompt_tokens, st.steps, st.prefills, st.seconds, st.tokens_per_s(),
+      st.items, st.new_tokens, st.prompt_tokens, st.steps, st.prefills, st.prefill_s, st.seconds, st.tokens_per_s(),
       o.batch_size, dev.str(), c10::toString(dtype), st.engine, st.graphs > 0 ? "true" : "false", st.graphs,
       st.host_reads, o.check_every);
   if (kv.count("stats")) files::write_file_atomic(kv["stats"], summary);

@@ -76,6 +76,7 @@ RegenStats regenerate_static(const model::TargetModel& model, const std::vector<
 
   // Prompts into the free rows, their first tokens recorded on the device.
   auto fill = [&]() {
+    const auto tf = Clock::now();
     std::vector<int64_t> which;
     std::vector<std::vector<int64_t>> prompts;
     std::vector<double> u;
@@ -107,6 +108,8 @@ RegenStats regenerate_static(const model::TargetModel& model, const std::vector<
     if (M <= 1) al.zero_();  // the first token was the last
     alive.index_put_({w}, al);
     last.index_put_({w}, tok);
+    device::sync(dev);  // one per refill: its time is its own (stats)
+    st.prefill_s += since(tf);
   };
 
   // The host read: rows that finished go to the sink and are freed (length 0).
