@@ -178,7 +178,7 @@ int regenerate_command(int argc, char** argv) {
       "\"seconds\": {:.3f}, \"tokens_per_s\": {:.1f}, \"batch_size\": {}, \"device\": \"{}\", \"dtype\": \"{}\", "
       "\"engine\": \"{}\", \"cuda_graphs\": {}, \"graphs\": {}, \"host_reads\": {}, \"check_every\": {}}}\n",
       st.items, st.new_tokens, st.prompt_tokens, st.steps, st.prefills, st.prefill_s, st.seconds, st.tokens_per_s(),
-      o.batch_size, dev.str(), c10::toString(dtype), st.engine, st.graphs > 0 ? "true" : "false", st.graphs,
+      o.batch_size, dev.str(), c10::toString(dtype), st.engine, o.cuda_graphs && dev.is_cuda() && st.engine == "static" ? "true" : "false", st.graphs,
       st.host_reads, o.check_every);
   if (kv.count("stats")) files::write_file_atomic(kv["stats"], summary);
   std::fprintf(stderr, "regenerate: %lld items, %s new tokens in %.1f s: %s tokens/s (batch %lld, %lld steps, %lld prefills, "
