@@ -147,8 +147,7 @@ DrafterTrainer::DrafterTrainer(const RoleContext& ctx, int64_t drafter_index, in
     log::info("drafter {}: resumed from {} (step {}, batch {})", m.j, p.resume_dir, p.resume->step,
               p.resume->next_batch);
   }
-  // drafter.attention is "sdpa" or "kernel" (checked once, when the config is loaded)
-  m.sopt.attention = m.cfg.drafter.attention == "kernel" ? attention::Backend::Kernel : attention::Backend::Reference;
+  m.sopt.attention = p.attention.backend;  // drafter.attention, resolved in the plan (attention_choice.h)
   m.sopt.num_anchors = m.cfg.drafter.num_anchors;
   m.sopt.seed = static_cast<uint64_t>(m.cfg.run.seed);
   m.sopt.gamma = p.gamma;
