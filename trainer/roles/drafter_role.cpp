@@ -128,8 +128,8 @@ struct DrafterTrainer::Impl {
   int64_t idle_since = -1;    // mark: end of this drafter's previous work
   double interval_opt_s = 0;  // this rank's reduction + AdamW seconds in the interval
   double run_tokens = 0, run_target_busy = 0, run_drafter_busy = 0;  // after the first step: split.json
-  // Time to first step (process ages, seconds; metrics.h): loading began, loaded; first step.
-  double load_began = -1, loaded = -1, first_step_s = -1, first_wait_s = -1;
+  // Time to first step (seconds; metrics.h).
+  double startup_s = -1, load_s = -1, first_step_s = -1, first_wait_s = -1;
 
   Impl(const RoleContext& c, int64_t jj, int wr)
       : ctx(c), p(c.plan), cfg(c.cfg), j(jj), world_rank(wr), tl(c.plan.device),
@@ -138,7 +138,8 @@ struct DrafterTrainer::Impl {
   // The time-to-first-step fields (metrics.h), < 0 where not known yet.
   metrics::StepMetrics first_step() const {
     metrics::StepMetrics f;
-    if (load_began >= 0 && loaded >= 0) f.startup_s = load_began, f.load_s = loaded - load_began;
+    f.startup_s = startup_s < 0 ? -1 : startup_s;  // process_age_s < 0: unknown
+    f.load_s = load_s;
     f.first_step_s = first_step_s;
     f.first_wait_s = first_wait_s;
     return f;
@@ -163,7 +164,7 @@ DrafterTrainer::DrafterTrainer(const RoleContext& ctx, int64_t drafter_index, in
   Impl& m = *impl_;
   const RunPlan& p = m.p;
   const double t0 = now_s();
-  m.load_began = load_began >= 0 ? load_began : metrics::process_age_s();
+  const double load_t0 = load_began >= 0 ? load_began : t0;
   m.emb = model::load_target_embeddings(m.cfg.target.model_dir, p.drafter_dtype, p.device);
   m.drafter = std::make_unique<model::Drafter>(p.spec, p.device, p.drafter_dtype);
   if (!m.cfg.drafter.init_from.empty()) {
@@ -193,8 +194,9 @@ DrafterTrainer::DrafterTrainer(const RoleContext& ctx, int64_t drafter_index, in
             m.j, n_params, p.spec.num_layers, p.spec.block_size, fmt::join(p.layer_ids, ", "), now_s() - t0,
             p.start_step, p.total_steps, p.total_steps);
   device::sync(p.device);  // loaded means on the device (once, not per step)
-  m.loaded = metrics::process_age_s();
   m.run_start = m.interval_start = now_s();
+  m.load_s = m.run_start - load_t0;
+  m.startup_s = metrics::process_age_s() - m.load_s;  // process start -> loading began
   m.idle_since = m.tl.mark();
 }
 
@@ -437,7 +439,7 @@ void run_colocated(const RoleContext& ctx) {
   model::TargetLoadOptions lo;
   lo.num_layers = last_layer + 1;
   lo.lm_head = false;
-  const double load_began = metrics::process_age_s();
+  const double load_began = now_s();
   model::TargetModel target = model::TargetModel::load(ctx.cfg.target.model_dir, p.target_dtype, p.device, lo);
   DrafterTrainer trainer(ctx, 0, ctx.rank.id.rank, load_began);
   metrics::Timeline& tl = trainer.timeline();

@@ -55,8 +55,8 @@ inline double now_s() {
 // The drafter side of training: model, optimizer, per-step reduction, metrics, checkpoints.
 class DrafterTrainer {
  public:
-  // drafter_index j in [0, D); world_rank names the rank file of its state. load_began: the
-  // process age (metrics::process_age_s) when this rank began loading weights (< 0: now).
+  // drafter_index j in [0, D); world_rank names the rank file of its state. load_began: now_s()
+  // when this rank began loading weights (< 0: now; the colocated loop loads the target first).
   DrafterTrainer(const RoleContext& ctx, int64_t drafter_index, int world_rank, double load_began = -1);
   ~DrafterTrainer();
 
