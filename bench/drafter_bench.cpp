@@ -1,4 +1,5 @@
-// Drafter training-step benchmark (forward + backward, no optimizer) with Qwen3-8B drafter shapes:
+// Drafter training-step benchmark (forward + backward; with --optimizer also the AdamW step over
+// fp32 masters, timed separately: the full step) with Qwen3-8B drafter shapes:
 // H 4096, 32/8 heads, head_dim 128, intermediate 12288, 5 layers, vocab 151936, K = 5 target
 // layers, 512 anchors per sequence, block size 16. Prints one table row per case: time (forward,
 // backward, total), drafted positions/s, target tokens/s, model TFLOP/s, MFU against a bf16
@@ -11,10 +12,14 @@
 //   drafter_bench [--seq 2048,3072] [--rows 1,2,4] [--anchors 512] [--iters 5] [--warmup 2]
 //                 [--full] (adds: unfused loss, dense mask, kernel attention where available)
 //                 [--budget-s T] (skip the remaining cases once T seconds have passed)
+//                 [--attention sdpa,kernel] (the main case's paths, in this order; default sdpa,
+//                  and kernel too with --full; kernel where it is not built prints "not built")
+//                 [--optimizer] (adds AdamW: clip + update of fp32 masters, as training does)
 //                 [--smoke] (tiny shapes on the CPU: checks that the program runs)
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -30,6 +35,7 @@
 #include "core/error.h"
 #include "trainer/model/anchors.h"
 #include "trainer/model/drafter.h"
+#include "trainer/optim/adamw.h"
 
 using namespace dflash;
 using namespace dflash::model;
@@ -83,7 +89,8 @@ std::string name_of(const Case& c) {
 int main(int argc, char** argv) {
   std::vector<int64_t> seqs = {2048, 3072}, rows = {1, 2, 4};
   int64_t anchors = 512, iters = 5, warmup = 2;
-  bool full = false, smoke = false;
+  bool full = false, smoke = false, with_opt = false;
+  std::vector<std::string> paths;
   double budget_s = 0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -102,6 +109,20 @@ int main(int argc, char** argv) {
     else if (a == "--full") full = true;
     else if (a == "--budget-s") budget_s = std::stod(next());
     else if (a == "--smoke") smoke = true;
+    else if (a == "--optimizer") with_opt = true;
+    else if (a == "--attention") {
+      const std::string v = next();
+      for (size_t p = 0; p <= v.size();) {
+        size_t q = v.find(',', p);
+        if (q == std::string::npos) q = v.size();
+        paths.push_back(v.substr(p, q - p));
+        if (paths.back() != "sdpa" && paths.back() != "kernel") {
+          std::fprintf(stderr, "--attention: sdpa or kernel, got '%s'\n", paths.back().c_str());
+          return 2;
+        }
+        p = q + 1;
+      }
+    }
     else {
       std::fprintf(stderr, "unknown argument %s\n", a.c_str());
       return 2;
@@ -124,7 +145,7 @@ int main(int argc, char** argv) {
     spec.hidden_size = 64, spec.intermediate_size = 96, spec.num_heads = 4, spec.num_kv_heads = 2, spec.head_dim = 16;
     spec.vocab_size = 512, spec.num_layers = 2, spec.num_target_layers = 8, spec.target_layer_ids = {1, 3, 5};
     spec.mask_token_id = 511;
-    seqs = {96}, rows = {1, 2}, anchors = 4, iters = 2, warmup = 1, full = true;
+    seqs = {96}, rows = {1, 2}, anchors = 4, iters = 2, warmup = 1, full = paths.empty();
   } else {
     spec.hidden_size = 4096, spec.intermediate_size = 12288, spec.num_heads = 32, spec.num_kv_heads = 8;
     spec.head_dim = 128, spec.vocab_size = 151936, spec.num_layers = 5, spec.num_target_layers = 36;
@@ -158,8 +179,16 @@ int main(int argc, char** argv) {
               (long)spec.intermediate_size, (long)L, (long)V, (long)K, (long)anchors, (long)bs);
   std::printf("bf16 matmul %ldx%ldx%ld: %.1f TFLOP/s (MFU denominator)\n\n", (long)(cuda ? 8192 : 256),
               (long)(cuda ? 8192 : 256), (long)(cuda ? 8192 : 256), mm);
-  std::printf("| S | B | attention / loss | fwd ms | bwd ms | total ms | draft pos/s | target tok/s | TFLOP/s | MFU | peak GiB |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+  if (with_opt) {
+    std::printf("| S | B | attention / loss | fwd ms | bwd ms | opt ms | step ms | draft pos/s | target tok/s | TFLOP/s | MFU | peak GiB |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  } else {
+    std::printf("| S | B | attention / loss | fwd ms | bwd ms | total ms | draft pos/s | target tok/s | TFLOP/s | MFU | peak GiB |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+  }
+  // The optimizer of training (trainer/roles/drafter_role.cpp): fp32 masters, clip 1.0.
+  std::unique_ptr<optim::AdamW> opt_ptr;
+  if (with_opt) opt_ptr = std::make_unique<optim::AdamW>(drafter.named_parameters(), optim::AdamWOptions{});
   std::fflush(stdout);
 
   // Most important first (a time budget may cut the tail): the bar case (largest S and B,
@@ -169,8 +198,17 @@ int main(int argc, char** argv) {
   const int64_t Smax = seqs.back(), Bmax = rows.back();
   const int64_t g0 = attention::detail::kDefaultGroupQueries;
   auto ref = attention::Backend::Reference;
-  cases.push_back({Smax, Bmax, true, g0, ref});
-  if (full && cuda && attention::kernel_available()) cases.push_back({Smax, Bmax, true, 0, attention::Backend::Kernel});
+  if (paths.empty()) {
+    paths.push_back("sdpa");
+    if (full && cuda) paths.push_back("kernel");
+  }
+  bool kernel_missing = false;
+  for (const auto& path : paths) {
+    if (path == "sdpa") cases.push_back({Smax, Bmax, true, g0, ref});
+    else if (cuda && attention::kernel_available()) cases.push_back({Smax, Bmax, true, 0, attention::Backend::Kernel});
+    else kernel_missing = true;
+  }
+  if (kernel_missing) std::printf("| %ld | %ld | kernel fused | not built into this binary (or no CUDA) |\n", (long)Smax, (long)Bmax);
   if (full) cases.push_back({Smax, rows.size() > 1 ? rows[rows.size() - 2] : Bmax, false, g0, ref});
   for (auto it = seqs.rbegin(); it != seqs.rend(); ++it)
     for (auto B : rows)
@@ -202,7 +240,7 @@ int main(int argc, char** argv) {
     AnchorOptions ao;
     ao.block_size = bs;
     ao.num_anchors = anchors;
-    double fwd = 0, bwd = 0, peak = 0;
+    double fwd = 0, bwd = 0, opt_s = 0, peak = 0;
     double flops = 0, P = 0;
     std::string err;
     try {
@@ -220,10 +258,17 @@ int main(int argc, char** argv) {
         out.loss.backward();
         device::sync(dev);
         auto t2 = Clock::now();
+        if (opt_ptr) {
+          opt_ptr->step(1e-6, 1.0);  // a tiny lr: the weights stay what the FLOP count assumes
+          opt_ptr->zero_grad();
+          device::sync(dev);
+        }
+        auto t3 = Clock::now();
         for (auto& p : drafter.parameters()) p.mutable_grad().reset();
         if (it >= warmup) {
           fwd += std::chrono::duration<double>(t1 - t0).count();
           bwd += std::chrono::duration<double>(t2 - t1).count();
+          opt_s += std::chrono::duration<double>(t3 - t2).count();
         }
         if (it == 0) {  // FLOPs of this anchor set (the same count every step up to the anchors)
           auto keep = blocks.keep.to(at::kDouble);
@@ -245,11 +290,16 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
       continue;
     }
-    fwd /= iters, bwd /= iters;
-    const double tot = fwd + bwd;
+    fwd /= iters, bwd /= iters, opt_s /= iters;
+    const double tot = fwd + bwd + opt_s;  // the optimizer's FLOPs are not counted (elementwise)
     const double tf = flops / tot / 1e12;
-    std::printf("| %ld | %ld | %s | %.1f | %.1f | %.1f | %.0f | %.0f | %.1f | %.1f%% | %.1f |\n", (long)c.S, (long)c.B,
-                name_of(c).c_str(), fwd * 1e3, bwd * 1e3, tot * 1e3, P / tot, c.B * c.S / tot, tf, 100 * tf / mm, peak);
+    if (with_opt)
+      std::printf("| %ld | %ld | %s | %.1f | %.1f | %.1f | %.1f | %.0f | %.0f | %.1f | %.1f%% | %.1f |\n", (long)c.S,
+                  (long)c.B, name_of(c).c_str(), fwd * 1e3, bwd * 1e3, opt_s * 1e3, tot * 1e3, P / tot, c.B * c.S / tot,
+                  tf, 100 * tf / mm, peak);
+    else
+      std::printf("| %ld | %ld | %s | %.1f | %.1f | %.1f | %.0f | %.0f | %.1f | %.1f%% | %.1f |\n", (long)c.S, (long)c.B,
+                  name_of(c).c_str(), fwd * 1e3, bwd * 1e3, tot * 1e3, P / tot, c.B * c.S / tot, tf, 100 * tf / mm, peak);
     std::fflush(stdout);
   }
   return 0;

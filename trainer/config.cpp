@@ -265,8 +265,9 @@ void validate(const Config& c) {
   if (c.comm.backend != "auto" && c.comm.backend != "nccl" && c.comm.backend != "mpi")
     throw_user("{}: key 'comm.backend' must be auto, nccl or mpi, got '{}'", key_origin(c, "comm.backend"),
                c.comm.backend);
-  if (c.drafter.attention != "sdpa" && c.drafter.attention != "kernel")
-    throw_user("{}: key 'drafter.attention' must be sdpa or kernel, got '{}'", key_origin(c, "drafter.attention"),
+  // the value only; whether the kernel can run on this device is decided in the plan (roles/attention_choice.h)
+  if (c.drafter.attention != "auto" && c.drafter.attention != "sdpa" && c.drafter.attention != "kernel")
+    throw_user("{}: key 'drafter.attention' must be auto, kernel or sdpa, got '{}'", key_origin(c, "drafter.attention"),
                c.drafter.attention);
   for (const char* key : {"comm.timeout_s", "comm.startup_timeout_s"}) {
     const double v = std::string(key) == "comm.timeout_s" ? c.comm.timeout_s : c.comm.startup_timeout_s;

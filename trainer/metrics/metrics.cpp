@@ -53,6 +53,14 @@ std::string format_line(const StepMetrics& m) {
 }
 
 std::string to_json(const StepMetrics& m) {
+  auto opt = [](double x) { return x < 0 ? std::string("null") : num(x); };
+  const std::string split =
+      m.split.gpus == 0
+          ? std::string("null")
+          : fmt::format("{{\"gpus\": {}, \"target_ranks\": {}, \"drafter_ranks\": {}, \"tok_s\": {}, "
+                        "\"colocated_tok_s\": {}}}",
+                        m.split.gpus, m.split.best.target_ranks, m.split.best.drafter_ranks, num(m.split.best.tok_s),
+                        num(m.split.colocated.tok_s));
   std::string per_pos = "[";
   for (size_t i = 0; i < m.accuracy_per_pos.size(); ++i) per_pos += (i ? ", " : "") + num(m.accuracy_per_pos[i]);
   per_pos += "]";
@@ -61,12 +69,23 @@ std::string to_json(const StepMetrics& m) {
       "\"accuracy\": {}, \"tau_est\": {}, \"tau\": {}, \"tau_step\": {}, \"eval_s\": {}, \"lr\": {}, "
       "\"grad_norm\": {}, \"target_tok_s\": {}, \"drafter_tok_s\": {}, "
       "\"target_wait_s\": {}, \"drafter_wait_s\": {}, \"mfu\": {}, \"mem_gb\": {}, \"elapsed_s\": {}, "
-      "\"eta_s\": {}, \"percent\": {}, \"accuracy_per_pos\": {}}}",
+      "\"eta_s\": {}, \"percent\": {}, \"accuracy_per_pos\": {}, \"target_busy_s\": {}, \"drafter_busy_s\": {}, "
+      "\"interval_s\": {}, \"startup_s\": {}, \"load_s\": {}, \"first_step_s\": {}, \"first_wait_s\": {}, "
+      "\"split\": {}}}",
       m.step, m.total_steps, m.epoch, m.total_epochs, m.batch, num(m.loss), num(m.accuracy), num(m.tau),
       m.eval_tau < 0 ? std::string("null") : num(m.eval_tau), m.eval_step,
       m.eval_tau < 0 ? std::string("null") : num(m.eval_s), num(m.lr),
       num(m.grad_norm), num(m.target_tok_s), num(m.drafter_tok_s), num(m.target_wait_s), num(m.drafter_wait_s),
-      m.mfu < 0 ? "null" : num(m.mfu), num(m.mem_gb), num(m.elapsed_s), num(m.eta_s), num(m.percent), per_pos);
+      m.mfu < 0 ? "null" : num(m.mfu), num(m.mem_gb), num(m.elapsed_s), num(m.eta_s), num(m.percent), per_pos, num(m.target_busy_s), num(m.drafter_busy_s), num(m.interval_s),
+      opt(m.startup_s), opt(m.load_s), opt(m.first_step_s), opt(m.first_wait_s), split);
+}
+
+std::string format_first_step(const StepMetrics& m) {
+  auto s = [](double x) { return x < 0 ? std::string("?") : fmt::format("{:.2f} s", x); };
+  const double total = m.startup_s < 0 || m.load_s < 0 || m.first_step_s < 0 ? -1 : m.startup_s + m.load_s + m.first_step_s;
+  return fmt::format("first step done {} after the process started: start-up {}, loading weights {}, first step {}{}",
+                     s(total), s(m.startup_s), s(m.load_s), s(m.first_step_s),
+                     m.first_wait_s < 0 ? std::string() : fmt::format(" (of which {} waiting for the first batch)", s(m.first_wait_s)));
 }
 
 MetricsLog::MetricsLog(const std::string& run_dir, bool active, bool echo) : echo_(echo && active) {

@@ -16,6 +16,17 @@
 //   drafter_tok_s        tokens trained per wall second over the interval (all drafters)
 //   target_wait_s        mean seconds per batch a target spent blocked on its sends (drafters slow)
 //   drafter_wait_s       mean seconds per step a drafter spent waiting for batches (targets slow)
+//   target_busy_s        mean seconds per batch a target was busy with it (read + forward + capture)
+//   drafter_busy_s       mean seconds per step a drafter rank was busy (forward + backward of its
+//                        batches, gradient reduction + AdamW)
+//   interval_s           wall seconds of the interval on the reporting rank
+//                        Every time is taken with events on the device's stream (roles use
+//                        metrics::Timeline) or after a sync of that stream; see docs/training.md.
+//   startup_s, load_s,   time to first step of the reporting process: process start -> loading
+//   first_step_s         begins; loading the weights; loaded -> the first optimizer step done
+//   first_wait_s         the part of first_step_s spent waiting for the first batch
+//   split                the recommended T : D split from this interval's rates (split.h): gpus,
+//                        target_ranks, drafter_ranks, tok_s, colocated_tok_s (per GPU)
 //   mfu                  drafter model FLOPs per second / (D x peak bf16 FLOP/s); GPU only, else <0
 //   mem_gb               peak memory of this process: CUDA allocator peak on GPU, else VmHWM
 //   accuracy_per_pos     accuracy at block offset k = 1..bs-1 over the interval (entry k-1)
@@ -31,6 +42,7 @@
 #include <string>
 #include <vector>
 
+#include "trainer/metrics/split.h"
 #include "trainer/metrics/tensorboard.h"
 
 namespace dflash::metrics {
@@ -48,6 +60,10 @@ struct StepMetrics {
   double lr = 0, grad_norm = 0;
   double target_tok_s = 0, drafter_tok_s = 0;
   double target_wait_s = 0, drafter_wait_s = 0;
+  double target_busy_s = 0, drafter_busy_s = 0;
+  double interval_s = 0;
+  double startup_s = -1, load_s = -1, first_step_s = -1, first_wait_s = -1;  // < 0: unknown (null)
+  SplitAdvice split;         // gpus == 0: not enough measurements (null)
   double mfu = -1;          // < 0: not measured (CPU)
   double mem_gb = 0;
   double elapsed_s = 0;     // since training started
@@ -62,6 +78,9 @@ struct StepMetrics {
 std::string format_line(const StepMetrics& m);
 // One JSON object (one line, no newline), every field of StepMetrics (mfu null when < 0).
 std::string to_json(const StepMetrics& m);
+// "first step done 6.1 s after the process started: start-up 1.2 s, loading weights 2.0 s,
+//  first step 2.9 s (of which 2.5 s waiting for the first batch)"
+std::string format_first_step(const StepMetrics& m);
 // "45s", "12m05s", "3h07m"
 std::string format_duration(double seconds);
 

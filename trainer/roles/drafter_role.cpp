@@ -33,8 +33,8 @@ enum Stat {
   kTokens,       // tokens of the batches trained
   kTargetBusy,   // Σ target busy seconds of those batches
   kTargetWait,   // Σ target wait seconds reported with them
-  kDrafterWait,  // Σ seconds drafters waited for them
-  kCompute,      // Σ drafter forward+backward seconds
+  kDrafterWait,  // Σ seconds drafters waited for them (timeline: end of previous work -> start)
+  kCompute,      // Σ drafter forward+backward seconds (timeline)
   kBatches,
   kFlops,
   kNumStats      // then per block offset k = 1..bs-1: correct, count (2 x (bs-1) entries)
@@ -119,18 +119,52 @@ struct DrafterTrainer::Impl {
   double last_lr = 0, last_gnorm = 0;
   double eval_tau = -1, eval_s = 0;  // latest evaluation during training (eval_hooks.h)
   int64_t eval_step = 0;
+  // Times (metrics/timeline.h): this step's batches as marks, resolved when the step closes.
+  metrics::Timeline tl;
+  struct BatchMarks {
+    int64_t ready, start, stop;
+  };
+  std::vector<BatchMarks> marks;
+  int64_t idle_since = -1;    // mark: end of this drafter's previous work
+  double interval_opt_s = 0;  // this rank's reduction + AdamW seconds in the interval
+  double run_tokens = 0, run_target_busy = 0, run_drafter_busy = 0;  // after the first step: split.json
+  // Time to first step (seconds; metrics.h).
+  double startup_s = -1, load_s = -1, first_step_s = -1, first_wait_s = -1;
 
   Impl(const RoleContext& c, int64_t jj, int wr)
-      : ctx(c), p(c.plan), cfg(c.cfg), j(jj), world_rank(wr),
+      : ctx(c), p(c.plan), cfg(c.cfg), j(jj), world_rank(wr), tl(c.plan.device),
         step(kNumStats + 2 * (c.plan.spec.block_size - 1), 0.0), interval(step.size(), 0.0) {}
   bool leader() const { return j == 0; }
+  // The time-to-first-step fields (metrics.h), < 0 where not known yet.
+  metrics::StepMetrics first_step() const {
+    metrics::StepMetrics f;
+    f.startup_s = startup_s < 0 ? -1 : startup_s;  // process_age_s < 0: unknown
+    f.load_s = load_s;
+    f.first_step_s = first_step_s;
+    f.first_wait_s = first_wait_s;
+    return f;
+  }
 };
 
-DrafterTrainer::DrafterTrainer(const RoleContext& ctx, int64_t drafter_index, int world_rank)
+namespace {
+
+// The recommended split (metrics/split.h) from tokens and the busy seconds summed over the
+// batches' target ranks and over the drafter ranks: per-rank rates tokens / busy seconds.
+// N: the run's GPUs (a colocated run: what 2 GPUs would do).
+metrics::SplitAdvice split_of(const RunPlan& p, double tokens, double target_busy, double drafter_busy) {
+  const int64_t gpus = p.colocated ? 2 : p.target_ranks + p.drafter_ranks;
+  return metrics::recommend_split(gpus, target_busy > 0 ? tokens / target_busy : 0.0,
+                                  drafter_busy > 0 ? tokens / drafter_busy : 0.0);
+}
+
+}  // namespace
+
+DrafterTrainer::DrafterTrainer(const RoleContext& ctx, int64_t drafter_index, int world_rank, double load_began)
     : impl_(std::make_unique<Impl>(ctx, drafter_index, world_rank)) {
   Impl& m = *impl_;
   const RunPlan& p = m.p;
   const double t0 = now_s();
+  const double load_t0 = load_began >= 0 ? load_began : t0;
   m.emb = model::load_target_embeddings(m.cfg.target.model_dir, p.drafter_dtype, p.device);
   m.drafter = std::make_unique<model::Drafter>(p.spec, p.device, p.drafter_dtype);
   if (!m.cfg.drafter.init_from.empty()) {
@@ -147,8 +181,7 @@ DrafterTrainer::DrafterTrainer(const RoleContext& ctx, int64_t drafter_index, in
     log::info("drafter {}: resumed from {} (step {}, batch {})", m.j, p.resume_dir, p.resume->step,
               p.resume->next_batch);
   }
-  // drafter.attention is "sdpa" or "kernel" (checked once, when the config is loaded)
-  m.sopt.attention = m.cfg.drafter.attention == "kernel" ? attention::Backend::Kernel : attention::Backend::Reference;
+  m.sopt.attention = p.attention.backend;  // drafter.attention, resolved in the plan (attention_choice.h)
   m.sopt.num_anchors = m.cfg.drafter.num_anchors;
   m.sopt.seed = static_cast<uint64_t>(m.cfg.run.seed);
   m.sopt.gamma = p.gamma;
@@ -160,14 +193,18 @@ DrafterTrainer::DrafterTrainer(const RoleContext& ctx, int64_t drafter_index, in
   log::info("drafter {}: {} parameters ({} layers, block {}, target layers [{}]) ready in {:.1f} s; steps {}..{} of {}",
             m.j, n_params, p.spec.num_layers, p.spec.block_size, fmt::join(p.layer_ids, ", "), now_s() - t0,
             p.start_step, p.total_steps, p.total_steps);
+  device::sync(p.device);  // loaded means on the device (once, not per step)
   m.run_start = m.interval_start = now_s();
+  m.load_s = m.run_start - load_t0;
+  m.startup_s = metrics::process_age_s() - m.load_s;  // process start -> loading began
+  m.idle_since = m.tl.mark();
 }
 
 DrafterTrainer::~DrafterTrainer() = default;
 
-void DrafterTrainer::train_batch(const BatchMessage& b, double wait_s) {
+void DrafterTrainer::train_batch(const BatchMessage& b, int64_t ready) {
   Impl& m = *impl_;
-  const double t0 = now_s();
+  const int64_t start = m.tl.mark();
   const int64_t k = b.batch;
   const at::Tensor& ids = b.ids;
   const TargetStats& ts = b.stats;
@@ -193,7 +230,6 @@ void DrafterTrainer::train_batch(const BatchMessage& b, double wait_s) {
   s[kTokens] += static_cast<double>(ids.numel());
   s[kTargetBusy] += ts.busy_s;
   s[kTargetWait] += ts.wait_s;
-  s[kDrafterWait] += wait_s;
   s[kBatches] += 1;
   // Useful FLOPs: per row, with the draft positions shared out in proportion to row lengths.
   const double q_per_token = static_cast<double>(out.n_blocks * m.p.spec.block_size) / std::max<int64_t>(1, ids.numel());
@@ -201,15 +237,25 @@ void DrafterTrainer::train_batch(const BatchMessage& b, double wait_s) {
     const int64_t len = bounds.back();
     s[kFlops] += drafter_step_flops(m.p.spec, len, static_cast<int64_t>(q_per_token * static_cast<double>(len)));
   }
-#ifdef DFLASH_CUDA
-  device::sync(m.p.device);  // honest compute time
-#endif
-  s[kCompute] += now_s() - t0;
+  // No sync: the marks are read when the step closes (finish_step), when this work is done.
+  const int64_t stop = m.tl.mark();
+  m.marks.push_back({ready >= 0 ? ready : m.idle_since, start, stop});
+  m.idle_since = stop;
 }
 
 void DrafterTrainer::finish_step(int64_t s) {
   Impl& m = *impl_;
   const RunPlan& p = m.p;
+  // The step's batch times from the timeline (reading waits only for work the gradient
+  // reduction and AdamW below wait for anyway).
+  for (const auto& bm : m.marks) {
+    m.step[kCompute] += m.tl.seconds(bm.start, bm.stop);
+    m.step[kDrafterWait] += m.tl.seconds(bm.ready, bm.start);
+  }
+  const bool first = s == p.start_step;
+  if (first && !m.marks.empty()) m.first_wait_s = m.tl.seconds(m.marks.front().ready, m.marks.front().start);
+  const int64_t opt_begin = m.marks.empty() ? m.tl.mark() : m.marks.back().stop;
+  m.marks.clear();
   // Gradients: average over the drafter group (each rank's are already the mean over its
   // grad_accum batches, so the result is the mean over the step's G batches).
   if (m.ctx.comm && p.drafter_ranks > 1) {
@@ -229,6 +275,17 @@ void DrafterTrainer::finish_step(int64_t s) {
   m.last_lr = m.sched.at(s);
   m.last_gnorm = m.opt->step(m.last_lr, m.cfg.train.grad_clip);
   m.opt->zero_grad();
+  const double opt_s = m.tl.seconds(opt_begin, m.tl.mark());  // gradient reduction + stats + AdamW
+  m.interval_opt_s += opt_s;
+  if (first) {  // gnorm came back to the host: the step is done
+    m.first_step_s = now_s() - m.run_start;
+    m.mlog->announce(metrics::format_first_step(m.first_step()));
+  }
+  if (!first || p.total_steps - p.start_step == 1) {  // the run's rates without the first (warm-up) step
+    m.run_tokens += m.step[kTokens];
+    m.run_target_busy += m.step[kTargetBusy];
+    m.run_drafter_busy += m.step[kCompute] + static_cast<double>(p.drafter_ranks) * opt_s;
+  }
   const int64_t done = s + 1;
   if (s == p.start_step && m.ctx.comm) m.ctx.comm->set_timeout(m.cfg.comm.timeout_s);
 
@@ -256,6 +313,13 @@ void DrafterTrainer::finish_step(int64_t s) {
     mm.drafter_tok_s = a[kTokens] / wall;
     mm.target_wait_s = a[kBatches] > 0 ? a[kTargetWait] / a[kBatches] : 0.0;
     mm.drafter_wait_s = a[kDrafterWait] / (static_cast<double>(m.interval_steps) * static_cast<double>(p.drafter_ranks));
+    const double D = static_cast<double>(p.drafter_ranks), steps = static_cast<double>(m.interval_steps);
+    mm.target_busy_s = a[kBatches] > 0 ? a[kTargetBusy] / a[kBatches] : 0.0;
+    mm.drafter_busy_s = (a[kCompute] / D + m.interval_opt_s) / steps;
+    mm.interval_s = wall;
+    mm.split = split_of(p, a[kTokens], a[kTargetBusy], a[kCompute] + D * m.interval_opt_s);
+    const metrics::StepMetrics fs = m.first_step();
+    mm.startup_s = fs.startup_s, mm.load_s = fs.load_s, mm.first_step_s = fs.first_step_s, mm.first_wait_s = fs.first_wait_s;
     mm.mfu = p.device.is_cuda() ? a[kFlops] / (wall * static_cast<double>(p.drafter_ranks) * kPeakFlops) : -1.0;
     mm.mem_gb = device::peak_memory_gib(p.device);
     mm.elapsed_s = t - m.run_start;
@@ -265,6 +329,7 @@ void DrafterTrainer::finish_step(int64_t s) {
     for (size_t i = kNumStats; i + 1 < a.size(); i += 2) mm.accuracy_per_pos.push_back(a[i + 1] > 0 ? a[i] / a[i + 1] : 0.0);
     m.mlog->write(mm);
     std::fill(m.interval.begin(), m.interval.end(), 0.0);
+    m.interval_opt_s = 0;
     m.interval_loss = 0;
     m.interval_steps = 0;
     m.interval_start = t;
@@ -295,6 +360,8 @@ void DrafterTrainer::finish_step(int64_t s) {
     model::export_drafter(*m.drafter, ckpt::export_dir(m.cfg.run.dir, done), export_record(m.cfg, p));
     m.mlog->announce(fmt::format("step {}: drafter exported to {}", done, ckpt::export_dir(m.cfg.run.dir, done)));
   }
+  m.idle_since = m.tl.mark();  // from here the drafter waits for its next batch
+  m.tl.drop_before(m.idle_since);
 }
 
 void DrafterTrainer::finish_run() {
@@ -306,9 +373,16 @@ void DrafterTrainer::finish_run() {
   m.mlog->announce(fmt::format("training done: {} steps in {}; drafter exported to {}", m.p.total_steps,
                                metrics::format_duration(now_s() - m.run_start), dir));
   for (const auto& line : finish_lines(m.cfg, m.p, dir)) m.mlog->announce(line);
+  const metrics::SplitAdvice a = split_of(m.p, m.run_tokens, m.run_target_busy, m.run_drafter_busy);
+  const std::string path = files::join(m.cfg.run.dir, "split.json");
+  files::write_file_atomic(path, metrics::split_json(a) + "\n");
+  m.mlog->announce(fmt::format("split: {} (from steps {}..{}; {})", metrics::format_split(a),
+                               m.p.total_steps - m.p.start_step == 1 ? m.p.start_step + 1 : m.p.start_step + 2, m.p.total_steps, path));
 }
 
 const model::Drafter& DrafterTrainer::drafter() const { return *impl_->drafter; }
+
+metrics::Timeline& DrafterTrainer::timeline() { return impl_->tl; }
 
 void DrafterTrainer::set_eval(int64_t step, double tau, double seconds, bool final_eval) {
   Impl& m = *impl_;
@@ -343,12 +417,10 @@ void run_drafter_role(const RoleContext& ctx) {
   post();
   for (const int64_t k : mine) {
     DFLASH_CHECK(!pending.empty() && pending.front().k == k, "drafter {}: batch {} was not posted", j, k);
-    const double tw = now_s();
-    comm::Message msg = pending.front().handle->take();
-    const double wait = now_s() - tw;
+    comm::Message msg = pending.front().handle->take();  // the wait is timed by the trainer's timeline
     pending.pop_front();
     post();
-    trainer.train_batch(unpack(std::move(msg), k, comm::name_rank(sched.target_of(k))), wait);
+    trainer.train_batch(unpack(std::move(msg), k, comm::name_rank(sched.target_of(k))));
     if (sched.closes_step(k, p.grad_accum)) {
       const int64_t s = sched.step_of(k, p.grad_accum);
       trainer.finish_step(s);
@@ -367,13 +439,15 @@ void run_colocated(const RoleContext& ctx) {
   model::TargetLoadOptions lo;
   lo.num_layers = last_layer + 1;
   lo.lm_head = false;
+  const double load_began = now_s();
   model::TargetModel target = model::TargetModel::load(ctx.cfg.target.model_dir, p.target_dtype, p.device, lo);
-  DrafterTrainer trainer(ctx, 0, ctx.rank.id.rank);
+  DrafterTrainer trainer(ctx, 0, ctx.rank.id.rank, load_began);
+  metrics::Timeline& tl = trainer.timeline();
   ColocatedEval evc(ctx);
   const Schedule& sched = ctx.rank.schedule;
   const std::vector<int64_t> mine = sched.drafter_batches(0, p.start_batch, p.total_batches);
   for (const int64_t k : mine) {
-    const double t0 = now_s();
+    const int64_t t0 = tl.mark();
     data::Batch b = p.data->batch(k);
     BatchMessage bm;
     bm.batch = k;
@@ -384,10 +458,11 @@ void run_colocated(const RoleContext& ctx) {
       bm.features = target.capture(bm.ids, bm.cu_seqlens, p.layer_ids);
     }
     bm.features = bm.features.clone();  // a normal tensor: the drafter's autograd saves it
-    const double busy = now_s() - t0;
     bm.loss_mask = b.loss_mask.to(p.device);
-    bm.stats = TargetStats{static_cast<double>(b.num_tokens()), busy, 0.0};
-    trainer.train_batch(bm, 0.0);
+    const int64_t t1 = tl.mark();
+    // Reading waits for the capture (the drafter's first readback would wait for it too).
+    bm.stats = TargetStats{static_cast<double>(b.num_tokens()), tl.seconds(t0, t1), 0.0};
+    trainer.train_batch(bm, t1);  // the drafter waited for nothing: its batch was ready at t1
     if (sched.closes_step(k, p.grad_accum)) {
       const int64_t s = sched.step_of(k, p.grad_accum);
       trainer.finish_step(s);

@@ -21,6 +21,7 @@
 #include "trainer/data/dataset.h"
 #include "trainer/model/drafter.h"
 #include "trainer/model/hf_config.h"
+#include "trainer/roles/attention_choice.h"
 #include "trainer/roles/schedule.h"
 
 namespace dflash::roles {
@@ -49,11 +50,12 @@ struct RunPlan {
   at::Device device = at::kCPU;
   at::ScalarType target_dtype = at::kFloat;
   at::ScalarType drafter_dtype = at::kFloat;
+  AttentionChoice attention;  // drafter.attention resolved for this binary and device (attention_choice.h)
 };
 
 // Resolves the plan; UserError (on every rank, since every rank calls it) for bad data, a
 // drafter config that does not fit the target, data too small for one step, a resume state of
-// another layout, or --resume with no state.
+// another layout, --resume with no state, or drafter.attention=kernel where the kernel cannot run.
 RunPlan make_plan(const Config& cfg, const Schedule& schedule, int world_size, int gpu, bool resume);
 
 // Approximate FLOPs of one drafter forward+backward on a row of S context tokens and Q = N x bs

@@ -6,11 +6,18 @@
 //   batch: read batch k, forward with capture, isend its BatchMessage (batch_message.h) to
 //   drafter k mod D. Up to data.prefetch sends stay in flight, so the next batch is computed
 //   while the previous ones travel; the time spent waiting for a free slot is the target's
-//   wait time (the drafters are the bottleneck).
+//   wait time (the drafters are the bottleneck). Its busy time is taken with timeline marks
+//   (metrics/timeline.h) around read + forward + capture: a sync of its own stream, never of
+//   the device (which would also wait for the NCCL sends blocked on a slow drafter).
 // Drafter loop (drafter index j of D): irecvs for its next data.prefetch batches are always
 //   posted; per optimizer step it trains its grad_accum batches (k = s*G + a*D + j), averages
 //   gradients over the drafter group, clips, steps AdamW, logs, writes states and exports. The
 //   time spent waiting for a batch is the drafter's wait time (the targets are the bottleneck).
+//   Its times come from timeline marks on its stream, read when the step closes (no sync per
+//   batch): busy = forward + backward of each batch, then reduction + AdamW; wait = the gap
+//   from the end of its previous work to the start of the batch.
+// Colocated loop: target forward and drafter step of each batch in turn; both timed on the
+//   drafter's timeline (the drafter does not wait: its batch is ready when the target is done).
 // Both sides know the exact batch count (plan.total_batches), so nobody waits for a batch that
 //   will never come; a failure on any rank ends every rank through comm's fail_fast.
 // Thread-safety: each function runs on main's thread of its rank.
@@ -22,6 +29,7 @@
 #include "comm/communicator.h"
 #include "trainer/config.h"
 #include "trainer/metrics/metrics.h"
+#include "trainer/metrics/timeline.h"
 #include "trainer/model/drafter.h"
 #include "trainer/optim/adamw.h"
 #include "trainer/roles/batch_message.h"
@@ -47,13 +55,15 @@ inline double now_s() {
 // The drafter side of training: model, optimizer, per-step reduction, metrics, checkpoints.
 class DrafterTrainer {
  public:
-  // drafter_index j in [0, D); world_rank names the rank file of its state.
-  DrafterTrainer(const RoleContext& ctx, int64_t drafter_index, int world_rank);
+  // drafter_index j in [0, D); world_rank names the rank file of its state. load_began: now_s()
+  // when this rank began loading weights (< 0: now; the colocated loop loads the target first).
+  DrafterTrainer(const RoleContext& ctx, int64_t drafter_index, int world_rank, double load_began = -1);
   ~DrafterTrainer();
 
-  // Forward + backward of batch b.batch (gradients accumulate, scaled by 1/grad_accum);
-  // wait_s: how long this drafter waited for it.
-  void train_batch(const BatchMessage& b, double wait_s);
+  // Forward + backward of batch b.batch (gradients accumulate, scaled by 1/grad_accum).
+  // ready: the timeline mark from which the drafter waited for this batch (-1: the end of its
+  // previous work); its wait is the time from there to the start of this batch's work.
+  void train_batch(const BatchMessage& b, int64_t ready = -1);
   // Closes optimizer step s (0-based): reduce over the drafter group, clip, AdamW, metrics,
   // state and export when due.
   void finish_step(int64_t s);
@@ -62,6 +72,8 @@ class DrafterTrainer {
   // Evaluation during training (eval_hooks.h): the live drafter, and the latest real tau for
   // the metrics line.
   const model::Drafter& drafter() const;
+  // The timeline of this drafter's stream (the colocated loop marks its target work on it).
+  metrics::Timeline& timeline();
   void set_eval(int64_t step, double tau, double seconds, bool final_eval);
 
  private:

@@ -116,9 +116,10 @@ std::vector<std::string> run_header(const Config& cfg, const RankContext& ctx, c
   h.push_back(fmt::format("  target    {} ({}, {} layers, hidden {}, vocab {}); captured layers [{}]",
                           cfg.target.model_dir, t.model_type, t.num_hidden_layers, t.hidden_size, t.vocab_size,
                           fmt::join(p.layer_ids, ", ")));
-  h.push_back(fmt::format("  drafter   {} layers, block {}, {} anchors/sequence, attention {}{}", p.spec.num_layers,
-                          p.spec.block_size, cfg.drafter.num_anchors, cfg.drafter.attention,
+  h.push_back(fmt::format("  drafter   {} layers, block {}, {} anchors/sequence{}", p.spec.num_layers,
+                          p.spec.block_size, cfg.drafter.num_anchors,
                           cfg.drafter.init_from.empty() ? "" : ", from " + cfg.drafter.init_from));
+  h.push_back(fmt::format("  attention {}", p.attention.why));
   h.push_back(fmt::format("  data      {} shard(s), {} documents, {} tokens ({})", p.data->shard_paths().size(),
                           human_count(p.data->num_docs()), human_count(p.data->num_tokens()),
                           fmt::join(cfg.data.shards, ", ")));

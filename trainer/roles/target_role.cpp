@@ -5,7 +5,6 @@
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
-#include "core/device.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "trainer/model/target.h"
@@ -35,11 +34,12 @@ void run_target_role(const RoleContext& ctx) {
   std::unique_ptr<EvalWorker> evw;  // the eval rank (eval_hooks.h)
   if (ctx.eval_group && ctx.eval_group->contains(ctx.rank.id.rank)) evw = std::make_unique<EvalWorker>(ctx);
   std::deque<InFlight> inflight;
+  metrics::Timeline tl(p.device);
   double wait_acc = 0;
   size_t sent = 0;
   for (const int64_t k : mine) {
     if (evw) evw->before_batch(k);
-    const double t0 = now_s();
+    const int64_t t0 = tl.mark();
     data::Batch b = p.data->batch(k);
     BatchMessage bm;
     bm.batch = k;
@@ -48,10 +48,13 @@ void run_target_role(const RoleContext& ctx) {
       bm.ids = b.ids.to(p.device);
       bm.cu_seqlens = b.cu_seqlens.to(p.device);
       bm.features = target.capture(bm.ids, bm.cu_seqlens, p.layer_ids);
-      device::sync(p.device);
       bm.loss_mask = b.loss_mask.to(p.device);
     }
-    const double busy = now_s() - t0;
+    // Waits for this stream's work only: a device sync would also wait for the NCCL stream, where
+    // earlier sends sit blocked on a slow drafter, and count that back-pressure as busy time.
+    const int64_t t1 = tl.mark();
+    const double busy = tl.seconds(t0, t1);
+    tl.drop_before(t1);
     while (inflight.size() >= depth) {
       const double tw = now_s();
       inflight.front().handle->wait();

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Issue 15's Done-when on an H200 (one GPU; with two also the 1 + 1 pipeline), about 6 minutes:
+#   1. drafter full step, forward / backward / AdamW timed separately, kernel and SDPA, at the
+#      recipe shape 4 x 3072 with 512 anchors and the long shape 1 x 40000 with 2048 anchors
+#      (bench/drafter_bench --optimizer; the SDPA path may run out of memory at the long shape:
+#      the row says so);
+#   2. the target capture forward at the pipeline's batch shape 4 x 3072 (target_bench forward);
+#   3. the colocated pipeline (configs/debug-2gpu.yaml: kernel attention by default, a
+#      Qwen3-8B-shaped random target, 50 steps of 4 x 3072 tokens), its console timestamped by
+#      this script; bench/pipeline_check.py checks it: tok/s >= 95% of 1/(1/target + 1/drafter)
+#      from the same run's parts, the console's tok/s and waits against this script's clock,
+#      the first-step time against this script's timing of that line, first step <= 3 s; and
+#      prints the bound of the independent benchmarks 1. and 2. beside it;
+#   4. with 2 GPUs: the same for 1 target + 1 drafter rank against min(target, drafter).
+# Writes OUT_DIR/speed_summary.txt (every PASS/FAIL/INFO line and the tables) and the logs.
+#   bash bench/gpu/speed.sh BUILD_DIR OUT_DIR          (bash bench/gpu/run_all.sh speed)
+# targets: dflash_rank drafter_bench target_bench
+set -uo pipefail
+BUILD=$(realpath "${1:?usage: speed.sh BUILD_DIR OUT_DIR}")
+OUT=${2:?usage: speed.sh BUILD_DIR OUT_DIR}
+mkdir -p "$OUT"; OUT=$(realpath "$OUT")
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$ROOT"
+source tools/mpi_env.sh
+export NCCL_NVLS_ENABLE=0
+PY=${DFLASH_PYTHON:-python3}
+WORK=${DFLASH_BENCH_WORK:-/tmp/dflash-pipeline-bench}   # shared with pipeline.sh (the random target)
+mkdir -p "$WORK"
+SUMMARY=$OUT/speed_summary.txt
+ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+echo "speed.sh: $(date -u +%FT%TZ) host $(hostname) GPUs ${ngpu:-0}" | tee "$SUMMARY"
+if [ "${ngpu:-0}" -lt 1 ]; then echo "SKIP: no GPU" | tee -a "$SUMMARY"; exit 0; fi
+rc=0
+
+# 1. the drafter's full step at both shapes
+echo "## drafter full step (fwd / bwd / AdamW), kernel and sdpa" | tee -a "$SUMMARY"
+timeout 150 "$BUILD/bench/drafter_bench" --seq 3072 --rows 4 --anchors 512 --attention kernel,sdpa --optimizer \
+  --iters 5 --warmup 2 > "$OUT/drafter_step_4x3072.txt" 2>&1 || rc=1
+timeout 200 "$BUILD/bench/drafter_bench" --seq 40000 --rows 1 --anchors 2048 --attention kernel,sdpa --optimizer \
+  --iters 3 --warmup 1 > "$OUT/drafter_step_1x40000.txt" 2>&1 || rc=1
+grep -h "^|" "$OUT/drafter_step_4x3072.txt" | head -2 | tee -a "$SUMMARY"
+grep -h "^| [0-9]" "$OUT/drafter_step_4x3072.txt" "$OUT/drafter_step_1x40000.txt" | tee -a "$SUMMARY"
+
+# 2. the target part alone at the pipeline's shape
+timeout 120 "$BUILD/bench/target_bench" forward --shapes 4x3072 --iters 5 --json "$OUT/target_4x3072.json" \
+  > "$OUT/target_4x3072.txt" 2>&1 || rc=1
+echo "## target capture forward 4x3072" | tee -a "$SUMMARY"; grep -A2 "^shape" "$OUT/target_4x3072.txt" | tee -a "$SUMMARY"
+
+# the random target and the data of pipeline.sh
+if [ ! -f "$WORK/qwen3-8b/config.json" ]; then
+  "$BUILD/bench/target_bench" write-checkpoint "$WORK/qwen3-8b" --shards 5 2>&1 | tail -1
+fi
+"$PY" - "$WORK/data" <<'PYEOF'
+import os, sys
+import numpy as np
+sys.path.insert(0, "tools")
+import dflash_shard
+out = sys.argv[1]
+os.makedirs(out, exist_ok=True)
+rng = np.random.default_rng(0)
+docs = []
+for _ in range(240):  # 240 x 3072 tokens: prompt 512 (mask 0), response 2560 (mask 1)
+    ids = rng.integers(0, 151643, 3072)
+    docs.append((ids, np.r_[np.zeros(512, np.int64), np.ones(2560, np.int64)]))
+dflash_shard.write_shard(os.path.join(out, "random-00000.dfshard"), docs, 151936)
+PYEOF
+
+common=(target.model_dir="$WORK/qwen3-8b" "data.shards=[$WORK/data]" train.max_steps=50 log.interval=10
+        checkpoint.state_every=0 checkpoint.export_every=0 comm.timeout_s=600)
+# run NAME CMD...: timestamps each console line with this script's clock, then checks it
+run() {
+  local name=$1; shift
+  rm -rf "$WORK/run-$name"
+  echo "## $name: $*" | tee -a "$SUMMARY"
+  local t0; t0=$(date +%s.%N)
+  timeout 900 "$@" run.dir="$WORK/run-$name" 2>&1 |
+    "$PY" -u -c 'import sys, time
+for l in sys.stdin: print(f"{time.time():.3f} {l}", end="", flush=True)' > "$OUT/speed_$name.log"
+  grep -E "attention |first step done|split:|\] step 50/" "$OUT/speed_$name.log" | cut -d' ' -f2- | tee -a "$SUMMARY"
+  cp "$WORK/run-$name/metrics.jsonl" "$OUT/speed_${name}_metrics.jsonl" 2>/dev/null
+  cp "$WORK/run-$name/split.json" "$OUT/speed_${name}_split.json" 2>/dev/null
+  "$PY" bench/pipeline_check.py --log "$OUT/speed_$name.log" --metrics "$WORK/run-$name/metrics.jsonl" --launch "$t0" \
+    --target-bench "$OUT/target_4x3072.json" --drafter-bench "$OUT/drafter_step_4x3072.txt" \
+    --drafter-case "3072 4 kernel fused" 2>&1 | tee -a "$SUMMARY"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
+}
+# 3. colocated on GPU 0
+CUDA_VISIBLE_DEVICES=0 run colocated "$BUILD/trainer/dflash_rank" --config configs/debug-2gpu.yaml \
+  layout.colocated=true "${common[@]}"
+# 4. 1 + 1 on two GPUs
+if [ "$ngpu" -ge 2 ]; then
+  run pipeline mpirun -np 2 "$BUILD/trainer/dflash_rank" --config configs/debug-2gpu.yaml "${common[@]}"
+fi
+exit $rc

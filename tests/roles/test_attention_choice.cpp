@@ -1,0 +1,100 @@
+// drafter.attention resolved against the binary and the device (trainer/roles/attention_choice.h):
+// every branch on given facts (a CUDA build on an H200, an A100, an older GPU, a CPU build), the
+// facts of this CPU process, and the errors of `kernel` where the kernel cannot run (one line
+// naming the key and its origin; the test suite's CPU build has no kernel).
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "trainer/config.h"
+#include "trainer/roles/attention_choice.h"
+
+using namespace dflash;
+using roles::DeviceFacts;
+using attention::Backend;
+
+namespace {
+
+Config with(const std::string& attention) {
+  return parse_config("", "test.yaml", {"drafter.attention=" + attention});
+}
+
+std::string error_of(const Config& c, const DeviceFacts& f, int64_t head_dim) {
+  try {
+    roles::choose_attention(c, f, head_dim);
+  } catch (const UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+const DeviceFacts kH200{true, true, 9, 0}, kA100{true, true, 8, 0}, kL40{true, true, 8, 9}, kT4{true, true, 7, 5},
+    kB200{true, true, 10, 0}, kCpuBuild{false, false, 0, 0}, kCudaBuildOnCpu{true, false, 0, 0};
+
+}  // namespace
+
+TEST(AttentionChoice, DefaultIsAutoEverywhere) {
+  EXPECT_EQ(Config().drafter.attention, "auto");
+  EXPECT_EQ(parse_config("", "test.yaml", {}).drafter.attention, "auto");
+}
+
+TEST(AttentionChoice, AutoPicksTheKernelOnSm80AndSm90) {
+  for (const DeviceFacts& f : {kH200, kA100, kL40}) {
+    auto c = roles::choose_attention(with("auto"), f, 128);
+    EXPECT_EQ(c.backend, Backend::Kernel) << c.why;
+    EXPECT_EQ(c.why.rfind("kernel (drafter.attention=auto: CUDA sm_", 0), 0u) << c.why;
+  }
+  EXPECT_EQ(roles::choose_attention(with("auto"), kH200, 64).backend, Backend::Kernel);
+}
+
+TEST(AttentionChoice, AutoFallsBackToSdpaAndSaysWhy) {
+  struct Case {
+    DeviceFacts f;
+    int64_t head_dim;
+    const char* reason;
+  };
+  for (const Case& k : {Case{kCpuBuild, 128, "this binary has no CUDA attention kernel"},
+                        Case{kCudaBuildOnCpu, 128, "this rank runs on the CPU"},
+                        Case{kT4, 128, "the GPU is sm_75"}, Case{kB200, 128, "the GPU is sm_100"},
+                        Case{kH200, 96, "head_dim is 96"}}) {
+    auto c = roles::choose_attention(with("auto"), k.f, k.head_dim);
+    EXPECT_EQ(c.backend, Backend::Reference) << c.why;
+    EXPECT_EQ(c.why.rfind("sdpa (drafter.attention=auto: ", 0), 0u) << c.why;
+    EXPECT_NE(c.why.find(k.reason), std::string::npos) << c.why;
+  }
+}
+
+TEST(AttentionChoice, SdpaIsAlwaysTheReferencePath) {
+  for (const DeviceFacts& f : {kH200, kCpuBuild, kT4}) {
+    auto c = roles::choose_attention(with("sdpa"), f, 128);
+    EXPECT_EQ(c.backend, Backend::Reference);
+    EXPECT_NE(c.why.find("chosen explicitly"), std::string::npos) << c.why;
+  }
+}
+
+TEST(AttentionChoice, KernelWhereItCannotRunIsOneUserErrorNamingTheKey) {
+  EXPECT_EQ(roles::choose_attention(with("kernel"), kH200, 128).backend, Backend::Kernel);
+  for (const DeviceFacts& f : {kCpuBuild, kCudaBuildOnCpu, kT4}) {
+    const std::string e = error_of(with("kernel"), f, 128);
+    EXPECT_NE(e.find("override 'drafter.attention=kernel': key 'drafter.attention' is kernel, but "), std::string::npos) << e;
+    EXPECT_NE(e.find("use auto"), std::string::npos) << e;
+    EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+  }
+  EXPECT_NE(error_of(with("kernel"), kH200, 96).find("head_dim is 96"), std::string::npos);
+}
+
+TEST(AttentionChoice, ThisCpuProcess) {
+  const DeviceFacts f = roles::device_facts(c10::Device(c10::kCPU));
+  EXPECT_FALSE(f.cuda);
+  EXPECT_EQ(f.kernel_built, attention::kernel_available());
+  EXPECT_EQ(roles::choose_attention(with("auto"), f, 128).backend, Backend::Reference);
+}
+
+TEST(AttentionChoice, UnknownValueIsRejectedAtLoad) {
+  try {
+    with("flash");
+    FAIL() << "accepted drafter.attention=flash";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("key 'drafter.attention' must be auto, kernel or sdpa, got 'flash'"),
+              std::string::npos) << e.what();
+  }
+}

@@ -1,0 +1,45 @@
+// Which attention path the drafter runs: drafter.attention (auto | kernel | sdpa) resolved
+// against this binary and this rank's device, once, in the run plan (trainer/roles/plan.h).
+//
+// Owns the one place where drafter.attention is turned into a backend (config.cpp only checks
+// that the value is one of the three words):
+//   auto    the block-sparse CUDA kernel when it is built into this binary, the device is CUDA
+//           with compute capability 8.x or 9.0 (the kernel's mma.sync / wgmma code) and the head
+//           dim is 64 or 128 (its tiles); else the SDPA reference path, saying why
+//   kernel  the kernel, or a UserError naming the key and what is missing (exit 2)
+//   sdpa    the reference path (the oracle of the tests), whatever the device
+// `why` is the one line rank 0 prints in the run header ("attention kernel (auto: ...)").
+// Thread-safety: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <c10/core/Device.h>
+
+#include "attention/dflash_attention.h"
+#include "trainer/config.h"
+
+namespace dflash::roles {
+
+struct AttentionChoice {
+  attention::Backend backend = attention::Backend::Reference;
+  std::string why;  // "kernel (drafter.attention=auto: CUDA sm_90, kernel built)"
+};
+
+// What the choice depends on, gathered by device_facts() (tests pass their own).
+struct DeviceFacts {
+  bool kernel_built = false;
+  bool cuda = false;
+  int major = 0, minor = 0;  // compute capability (CUDA only)
+};
+
+// The facts of `device` in this process: attention::kernel_available(), and the compute
+// capability of a CUDA device.
+DeviceFacts device_facts(const c10::Device& device);
+
+// Resolves cfg.drafter.attention for a drafter with `head_dim` on a device with `facts`.
+// UserError (naming the key and its origin) when kernel is asked for and cannot run.
+AttentionChoice choose_attention(const Config& cfg, const DeviceFacts& facts, int64_t head_dim);
+
+}  // namespace dflash::roles
