@@ -47,11 +47,7 @@
 
 namespace fs = std::filesystem;
 using dflash::throw_user;
-using dflash::bench::bench_device;
-using dflash::bench::matmul_flops;
-using dflash::bench::seconds_since;
-using dflash::bench::sync;
-using dflash::bench::time_median;
+using namespace dflash::bench;
 using dflash::model::HfConfig;
 using dflash::model::TargetModel;
 
@@ -117,7 +113,7 @@ Args parse(int argc, char** argv) {
         p = e + 1;
       }
     }
-    else if (k == "--shapes") a.shapes = dflash::bench::parse_shapes(v);
+    else if (k == "--shapes") a.shapes = parse_shapes(v);
     else throw_user("unknown option {}", k);
   }
   return a;

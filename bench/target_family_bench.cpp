@@ -36,16 +36,14 @@
 #include "trainer/model/target.h"
 
 using dflash::throw_user;
-using dflash::bench::seconds_since;
-using dflash::bench::sync;
-using dflash::bench::time_median;
+using namespace dflash::bench;
 using dflash::model::HfConfig;
 using dflash::model::TargetModel;
 
 namespace {
 
 // Wall clock + synchronise per run, as bench/target_family_bench_hf.py times transformers.
-constexpr dflash::bench::Timing kTiming = dflash::bench::Timing::Wall;
+constexpr Timing kTiming = Timing::Wall;
 
 std::string config_json(const std::string& which) {
   if (which == "qwen3-30b-a3b")
@@ -110,11 +108,11 @@ int main(int argc, char** argv) {
       if (k == "--config") config = v;
       else if (k == "--json") json = v;
       else if (k == "--iters") iters = std::stoi(v);
-      else if (k == "--shapes") shapes = dflash::bench::parse_shapes(v);
+      else if (k == "--shapes") shapes = parse_shapes(v);
       else throw_user("unknown option {} (--config, --shapes, --iters, --json)", k);
     }
     c10::InferenceMode guard;
-    const at::Device dev = dflash::bench::bench_device();
+    const at::Device dev = bench_device();
     const at::ScalarType dtype = dev.is_cuda() ? at::kBFloat16 : at::kFloat;
     HfConfig full = dflash::model::parse_hf_config(config_json(config), config);
     std::vector<int64_t> ids_cap = dflash::model::default_layer_ids(full.num_hidden_layers, 5);
@@ -122,7 +120,7 @@ int main(int argc, char** argv) {
     c.num_hidden_layers = ids_cap.back() + 1;  // only the layers the capture runs
     if (!c.layer_types.empty()) c.layer_types.resize(c.num_hidden_layers);
     const int64_t n = dev.is_cuda() ? 8192 : 512;
-    const double peak = dflash::bench::matmul_flops(dev, dtype, n, iters, kTiming);
+    const double peak = matmul_flops(dev, dtype, n, iters, kTiming);
     auto t0 = std::chrono::steady_clock::now();
     TargetModel m = TargetModel::random(c, dtype, dev, 1234);
     sync(dev);
