@@ -22,6 +22,7 @@
 #include "core/files.h"
 #include "core/json.h"
 #include "core/parse.h"
+#include "core/random.h"
 #include "trainer/model/target_cache.h"
 
 namespace dflash::eval {
@@ -39,12 +40,7 @@ std::string human(double x) {
 
 double counter_uniform(uint64_t seed, uint64_t step) {
   uint64_t z = seed ^ (step * 0x9E3779B97F4A7C15ULL + 0x632BE59BD9B4E019ULL);
-  for (int r = 0; r < 2; ++r) {  // two rounds of splitmix64's finaliser
-    z += 0x9E3779B97F4A7C15ULL;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    z ^= z >> 31;
-  }
+  z = splitmix64(splitmix64(z));  // two rounds
   return double(z >> 11) * 0x1.0p-53;
 }
 
