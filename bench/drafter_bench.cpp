@@ -33,6 +33,7 @@
 #include "attention/reference.h"
 #include "core/device.h"
 #include "core/error.h"
+#include "core/parse.h"
 #include "trainer/model/anchors.h"
 #include "trainer/model/drafter.h"
 #include "trainer/optim/adamw.h"
@@ -43,18 +44,6 @@ using namespace dflash::model;
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::vector<int64_t> ints(const std::string& s) {
-  std::vector<int64_t> v;
-  size_t p = 0;
-  while (p < s.size()) {
-    size_t q = s.find(',', p);
-    if (q == std::string::npos) q = s.size();
-    v.push_back(std::stoll(s.substr(p, q - p)));
-    p = q + 1;
-  }
-  return v;
-}
 
 double matmul_tflops(at::Device dev, at::ScalarType dt) {
   const int64_t n = dev.is_cuda() ? 8192 : 256;
@@ -92,41 +81,38 @@ int main(int argc, char** argv) {
   bool full = false, smoke = false, with_opt = false;
   std::vector<std::string> paths;
   double budget_s = 0;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", a.c_str());
-        std::exit(2);
-      }
-      return argv[++i];
-    };
-    if (a == "--seq") seqs = ints(next());
-    else if (a == "--rows") rows = ints(next());
-    else if (a == "--anchors") anchors = std::stoll(next());
-    else if (a == "--iters") iters = std::stoll(next());
-    else if (a == "--warmup") warmup = std::stoll(next());
-    else if (a == "--full") full = true;
-    else if (a == "--budget-s") budget_s = std::stod(next());
-    else if (a == "--smoke") smoke = true;
-    else if (a == "--optimizer") with_opt = true;
-    else if (a == "--attention") {
-      const std::string v = next();
-      for (size_t p = 0; p <= v.size();) {
-        size_t q = v.find(',', p);
-        if (q == std::string::npos) q = v.size();
-        paths.push_back(v.substr(p, q - p));
-        if (paths.back() != "sdpa" && paths.back() != "kernel") {
-          std::fprintf(stderr, "--attention: sdpa or kernel, got '%s'\n", paths.back().c_str());
-          return 2;
+  try {
+    for (int i = 1; i < argc; ++i) {
+      std::string a = argv[i];
+      auto next = [&]() -> std::string {
+        if (i + 1 >= argc) throw_user("{} needs a value", a);
+        return argv[++i];
+      };
+      if (a == "--seq") seqs = parse_int_list(next(), "--seq");
+      else if (a == "--rows") rows = parse_int_list(next(), "--rows");
+      else if (a == "--anchors") anchors = parse_int(next(), "--anchors");
+      else if (a == "--iters") iters = parse_int(next(), "--iters");
+      else if (a == "--warmup") warmup = parse_int(next(), "--warmup");
+      else if (a == "--full") full = true;
+      else if (a == "--budget-s") budget_s = std::stod(next());
+      else if (a == "--smoke") smoke = true;
+      else if (a == "--optimizer") with_opt = true;
+      else if (a == "--attention") {
+        const std::string v = next();
+        for (size_t p = 0; p <= v.size();) {
+          size_t q = v.find(',', p);
+          if (q == std::string::npos) q = v.size();
+          paths.push_back(v.substr(p, q - p));
+          if (paths.back() != "sdpa" && paths.back() != "kernel")
+            throw_user("--attention: sdpa or kernel, got '{}'", paths.back());
+          p = q + 1;
         }
-        p = q + 1;
       }
+      else throw_user("unknown argument {}", a);
     }
-    else {
-      std::fprintf(stderr, "unknown argument %s\n", a.c_str());
-      return 2;
-    }
+  } catch (const UserError& e) {
+    std::fprintf(stderr, "drafter_bench: error: %s\n", e.what());
+    return kExitUser;
   }
 #ifdef DFLASH_CUDA
   const bool cuda = !smoke && c10::cuda::device_count() > 0;

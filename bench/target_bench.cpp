@@ -38,11 +38,7 @@
 #include <c10/core/InferenceMode.h>
 #include <fmt/ranges.h>
 
-#ifdef DFLASH_CUDA
-#include <ATen/cuda/CUDAContext.h>
-#include <cuda_runtime.h>
-#endif
-
+#include "bench/bench_common.h"
 #include "core/error.h"
 #include "trainer/model/hf_config.h"
 #include "trainer/model/safetensors.h"
@@ -51,6 +47,7 @@
 
 namespace fs = std::filesystem;
 using dflash::throw_user;
+using namespace dflash::bench;
 using dflash::model::HfConfig;
 using dflash::model::TargetModel;
 
@@ -116,76 +113,10 @@ Args parse(int argc, char** argv) {
         p = e + 1;
       }
     }
-    else if (k == "--shapes") {
-      a.shapes.clear();
-      size_t p = 0;
-      while (p < v.size()) {
-        size_t e = v.find(',', p);
-        if (e == std::string::npos) e = v.size();
-        std::string s = v.substr(p, e - p);
-        size_t x = s.find('x');
-        if (x == std::string::npos) throw_user("--shapes: '{}' is not BxS", s);
-        a.shapes.emplace_back(std::stoll(s.substr(0, x)), std::stoll(s.substr(x + 1)));
-        p = e + 1;
-      }
-    } else throw_user("unknown option {}", k);
+    else if (k == "--shapes") a.shapes = parse_shapes(v);
+    else throw_user("unknown option {}", k);
   }
   return a;
-}
-
-at::Device bench_device() {
-#ifdef DFLASH_CUDA
-  if (at::hasCUDA()) return at::Device(at::kCUDA, 0);
-#endif
-  return at::kCPU;
-}
-
-void sync(at::Device d) {
-#ifdef DFLASH_CUDA
-  if (d.is_cuda()) cudaDeviceSynchronize();
-#endif
-  (void)d;
-}
-
-// Median seconds of `fn` over `iters` runs after 2 warm-ups.
-template <typename F>
-double time_median(at::Device dev, int iters, F fn) {
-  for (int i = 0; i < 2; ++i) fn();
-  sync(dev);
-  std::vector<double> t;
-#ifdef DFLASH_CUDA
-  if (dev.is_cuda()) {
-    cudaEvent_t a, b;
-    cudaEventCreate(&a);
-    cudaEventCreate(&b);
-    auto stream = at::cuda::getCurrentCUDAStream().stream();
-    for (int i = 0; i < iters; ++i) {
-      cudaEventRecord(a, stream);
-      fn();
-      cudaEventRecord(b, stream);
-      cudaEventSynchronize(b);
-      float ms = 0;
-      cudaEventElapsedTime(&ms, a, b);
-      t.push_back(ms / 1e3);
-    }
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-  }
-#endif
-  if (t.empty()) {
-    for (int i = 0; i < iters; ++i) {
-      auto t0 = std::chrono::steady_clock::now();
-      fn();
-      sync(dev);
-      t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    }
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
 void write_json(const std::string& path, const std::string& body) {
@@ -265,14 +196,7 @@ int forward(const Args& a) {
       double(H) * (c.q_dim() + 2 * c.kv_dim()) + double(c.q_dim()) * H + 3.0 * H * I;
 
   // Matmul ceiling in the same run.
-  double peak = 0;
-  {
-    const int64_t n = dev.is_cuda() ? 8192 : 1024;
-    auto opt = at::TensorOptions().dtype(dtype).device(dev);
-    at::Tensor x = at::randn({n, n}, opt), y = at::randn({n, n}, opt), z = at::empty({n, n}, opt);
-    double s = time_median(dev, a.iters, [&] { at::mm_out(z, x, y); });
-    peak = 2.0 * n * n * n / s;
-  }
+  const double peak = matmul_flops(dev, dtype, dev.is_cuda() ? 8192 : 1024, a.iters);
   auto t0 = std::chrono::steady_clock::now();
   TargetModel m = TargetModel::random(c, dtype, dev, 1234);
   sync(dev);

@@ -30,19 +30,20 @@
 #include <c10/core/InferenceMode.h>
 #include <fmt/ranges.h>
 
-#ifdef DFLASH_CUDA
-#include <cuda_runtime.h>
-#endif
-
+#include "bench/bench_common.h"
 #include "core/error.h"
 #include "trainer/model/hf_config.h"
 #include "trainer/model/target.h"
 
 using dflash::throw_user;
+using namespace dflash::bench;
 using dflash::model::HfConfig;
 using dflash::model::TargetModel;
 
 namespace {
+
+// Wall clock + synchronise per run, as bench/target_family_bench_hf.py times transformers.
+constexpr Timing kTiming = Timing::Wall;
 
 std::string config_json(const std::string& which) {
   if (which == "qwen3-30b-a3b")
@@ -67,28 +68,6 @@ std::string config_json(const std::string& which) {
            R"("num_key_value_heads":2,"head_dim":64,"intermediate_size":256,"vocab_size":1000,)"
            R"("linear_num_key_heads":2,"linear_num_value_heads":4,"linear_key_head_dim":32,"linear_value_head_dim":32})";
   throw_user("unknown --config '{}' (qwen3-30b-a3b, qwen3.5-9b, tiny-moe, tiny-qwen35)", which);
-}
-
-void sync(at::Device d) {
-#ifdef DFLASH_CUDA
-  if (d.is_cuda()) cudaDeviceSynchronize();
-#endif
-  (void)d;
-}
-
-template <typename F>
-double median_s(at::Device dev, int iters, F fn) {
-  for (int i = 0; i < 2; ++i) fn();
-  sync(dev);
-  std::vector<double> t;
-  for (int i = 0; i < iters; ++i) {
-    auto t0 = std::chrono::steady_clock::now();
-    fn();
-    sync(dev);
-    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
 }
 
 double flop_per_token(const HfConfig& c, int64_t layers, int64_t S) {
@@ -129,21 +108,11 @@ int main(int argc, char** argv) {
       if (k == "--config") config = v;
       else if (k == "--json") json = v;
       else if (k == "--iters") iters = std::stoi(v);
-      else if (k == "--shapes") {
-        shapes.clear();
-        for (size_t p = 0; p < v.size();) {
-          size_t e = v.find(',', p);
-          if (e == std::string::npos) e = v.size();
-          std::string s = v.substr(p, e - p);
-          size_t x = s.find('x');
-          if (x == std::string::npos) throw_user("--shapes: '{}' is not BxS", s);
-          shapes.emplace_back(std::stoll(s.substr(0, x)), std::stoll(s.substr(x + 1)));
-          p = e + 1;
-        }
-      } else throw_user("unknown option {} (--config, --shapes, --iters, --json)", k);
+      else if (k == "--shapes") shapes = parse_shapes(v);
+      else throw_user("unknown option {} (--config, --shapes, --iters, --json)", k);
     }
     c10::InferenceMode guard;
-    at::Device dev = at::hasCUDA() ? at::Device(at::kCUDA, 0) : at::Device(at::kCPU);
+    const at::Device dev = bench_device();
     const at::ScalarType dtype = dev.is_cuda() ? at::kBFloat16 : at::kFloat;
     HfConfig full = dflash::model::parse_hf_config(config_json(config), config);
     std::vector<int64_t> ids_cap = dflash::model::default_layer_ids(full.num_hidden_layers, 5);
@@ -151,16 +120,14 @@ int main(int argc, char** argv) {
     c.num_hidden_layers = ids_cap.back() + 1;  // only the layers the capture runs
     if (!c.layer_types.empty()) c.layer_types.resize(c.num_hidden_layers);
     const int64_t n = dev.is_cuda() ? 8192 : 512;
-    auto opt = at::TensorOptions().dtype(dtype).device(dev);
-    at::Tensor x = at::randn({n, n}, opt), y = at::randn({n, n}, opt), z = at::empty({n, n}, opt);
-    const double peak = 2.0 * n * n * n / median_s(dev, iters, [&] { at::mm_out(z, x, y); });
+    const double peak = matmul_flops(dev, dtype, n, iters, kTiming);
     auto t0 = std::chrono::steady_clock::now();
     TargetModel m = TargetModel::random(c, dtype, dev, 1234);
     sync(dev);
     std::printf("target_family_bench: %s (%s), %s on %s, capture ids [%s], %ld layers run, init %.1f s\n",
                 config.c_str(), c.model_type.c_str(), c10::toString(dtype), dev.str().c_str(),
                 fmt::format("{}", fmt::join(ids_cap, ", ")).c_str(), long(c.num_hidden_layers),
-                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+                seconds_since(t0));
     std::printf("matmul %ld^3: %.1f TFLOP/s\n%-10s %10s %12s %10s %8s\n", long(n), peak / 1e12, "shape",
                 "ms/fwd", "tokens/s", "TFLOP/s", "MFU");
     std::string rows;
@@ -170,7 +137,7 @@ int main(int argc, char** argv) {
       at::Tensor cu = at::arange(0, T + 1, S, at::kInt).to(dev);
       at::Tensor out = m.capture(ids, cu, ids_cap);
       if (!at::isfinite(out).all().item<bool>()) throw std::runtime_error("non-finite captured states");
-      const double s = median_s(dev, iters, [&] { m.capture(ids, cu, ids_cap); });
+      const double s = time_median(dev, iters, [&] { m.capture(ids, cu, ids_cap); }, kTiming);
       const double fl = flop_per_token(c, c.num_hidden_layers, S) * T / s;
       std::printf("%-10s %10.1f %12.0f %10.1f %7.1f%%\n", fmt::format("{}x{}", B, S).c_str(), s * 1e3, T / s,
                   fl / 1e12, 100.0 * fl / peak);

@@ -56,7 +56,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dflash_shard  # noqa: E402
@@ -77,15 +77,46 @@ class Malformed(ValueError):
 THINK_FIELDS = ("reasoning_content", "reasoning", "thinking")
 
 
-def parse_row(line: str, thinking: str = "keep"):
-    """One JSONL line -> ("chat", [{"role", "content"[, "reasoning_content"]}]) or ("ids", ids, mask);
-    raises Malformed with a reason."""
+def json_object(line: str, expected: str) -> dict:
+    """One JSONL line -> its JSON object; raises Malformed ("expected a JSON object with <expected>")."""
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as e:
         raise Malformed(f"invalid JSON ({e.msg} at column {e.colno})") from None
     if not isinstance(obj, dict):
-        raise Malformed("expected a JSON object with 'messages', 'conversations' or 'input_ids' + 'loss_mask'")
+        raise Malformed(f"expected a JSON object with {expected}")
+    return obj
+
+
+def chat_turns(obj: dict) -> Iterator[Tuple[dict, str, str]]:
+    """The turns of a chat object (OpenAI 'messages' or ShareGPT 'conversations'), each checked as it
+    is reached: yields (turn, role, content) with the role mapped to system/user/assistant; raises
+    Malformed with a reason (so a caller that stops early does not judge the later turns)."""
+    if "messages" in obj:
+        turns, rk, ck, key = obj["messages"], "role", "content", "messages"
+    elif "conversations" in obj:
+        turns, rk, ck, key = obj["conversations"], "from", "value", "conversations"
+    else:
+        raise Malformed(f"expected a key 'messages' or 'conversations', found {sorted(obj)[:5]}")
+    if not isinstance(turns, list) or not turns:
+        raise Malformed(f"'{key}' must be a non-empty list")
+    for i, t in enumerate(turns):
+        if not isinstance(t, dict) or rk not in t or ck not in t:
+            raise Malformed(f"{key}[{i}] must be an object with '{rk}' and '{ck}'")
+        role, content = t[rk], t[ck]
+        if not isinstance(role, str) or not isinstance(content, str):
+            raise Malformed(f"{key}[{i}]: '{rk}' and '{ck}' must be strings")
+        role = SHAREGPT_ROLES.get(role.lower(), None) if key == "conversations" else role
+        if role not in ROLES:
+            raise Malformed(f"{key}[{i}]: unknown role {t[rk]!r} (expected one of "
+                            f"{sorted(SHAREGPT_ROLES) if key == 'conversations' else sorted(ROLES)})")
+        yield t, role, content
+
+
+def parse_row(line: str, thinking: str = "keep"):
+    """One JSONL line -> ("chat", [{"role", "content"[, "reasoning_content"]}]) or ("ids", ids, mask);
+    raises Malformed with a reason."""
+    obj = json_object(line, "'messages', 'conversations' or 'input_ids' + 'loss_mask'")
     if "input_ids" in obj:
         ids, mask = obj["input_ids"], obj.get("loss_mask")
         if not isinstance(ids, list) or not isinstance(mask, list):
@@ -97,25 +128,8 @@ def parse_row(line: str, thinking: str = "keep"):
         if not all(m in (0, 1) and not isinstance(m, bool) for m in mask):
             raise Malformed("'loss_mask' values must be 0 or 1")
         return "ids", ids, mask
-    if "messages" in obj:
-        turns, rk, ck, key = obj["messages"], "role", "content", "messages"
-    elif "conversations" in obj:
-        turns, rk, ck, key = obj["conversations"], "from", "value", "conversations"
-    else:
-        raise Malformed(f"expected a key 'messages' or 'conversations', found {sorted(obj)[:5]}")
-    if not isinstance(turns, list) or not turns:
-        raise Malformed(f"'{key}' must be a non-empty list")
     out = []
-    for i, t in enumerate(turns):
-        if not isinstance(t, dict) or rk not in t or ck not in t:
-            raise Malformed(f"{key}[{i}] must be an object with '{rk}' and '{ck}'")
-        role, content = t[rk], t[ck]
-        if not isinstance(role, str) or not isinstance(content, str):
-            raise Malformed(f"{key}[{i}]: '{rk}' and '{ck}' must be strings")
-        role = SHAREGPT_ROLES.get(role.lower(), None) if key == "conversations" else role
-        if role not in ROLES:
-            raise Malformed(f"{key}[{i}]: unknown role {t[rk]!r} (expected one of "
-                            f"{sorted(SHAREGPT_ROLES) if key == 'conversations' else sorted(ROLES)})")
+    for t, role, content in chat_turns(obj):
         msg = {"role": role, "content": content}
         think = next((t[f] for f in THINK_FIELDS if isinstance(t.get(f), str) and t[f].strip()), None)
         if think is not None and role == "assistant" and thinking == "keep":

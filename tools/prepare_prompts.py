@@ -25,35 +25,13 @@ import sys
 from typing import Dict, Iterator, List, Sequence, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from prepare_data import ROLES, SHAREGPT_ROLES, Malformed  # noqa: E402
+from prepare_data import Malformed, chat_turns, json_object  # noqa: E402
 
 
 def prompt_messages(line: str) -> List[Dict[str, str]]:
     """One JSONL line -> the messages before its first assistant turn; raises Malformed."""
-    try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise Malformed(f"invalid JSON ({e.msg} at column {e.colno})") from None
-    if not isinstance(obj, dict):
-        raise Malformed("expected a JSON object with 'messages' or 'conversations'")
-    if "messages" in obj:
-        turns, rk, ck, key = obj["messages"], "role", "content", "messages"
-    elif "conversations" in obj:
-        turns, rk, ck, key = obj["conversations"], "from", "value", "conversations"
-    else:
-        raise Malformed(f"expected a key 'messages' or 'conversations', found {sorted(obj)[:5]}")
-    if not isinstance(turns, list) or not turns:
-        raise Malformed(f"'{key}' must be a non-empty list")
     out = []
-    for i, t in enumerate(turns):
-        if not isinstance(t, dict) or rk not in t or ck not in t:
-            raise Malformed(f"{key}[{i}] must be an object with '{rk}' and '{ck}'")
-        role, content = t[rk], t[ck]
-        if not isinstance(role, str) or not isinstance(content, str):
-            raise Malformed(f"{key}[{i}]: '{rk}' and '{ck}' must be strings")
-        role = SHAREGPT_ROLES.get(role.lower()) if key == "conversations" else role
-        if role not in ROLES:
-            raise Malformed(f"{key}[{i}]: unknown role {t[rk]!r}")
+    for _, role, content in chat_turns(json_object(line, "'messages' or 'conversations'")):
         if role == "assistant":
             break
         out.append({"role": role, "content": content})

@@ -38,10 +38,10 @@ import sys
 import time
 from typing import Dict, List, Optional, Tuple
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from prepare_data import chat_turns, json_object  # noqa: E402
+
 SRC = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ROLES = {"system", "user", "assistant"}
-SHAREGPT = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
-            "model": "assistant", "system": "system"}
 TOOL = "regenerate"
 
 
@@ -52,31 +52,14 @@ class UserError(Exception):
 # ---- prompts ------------------------------------------------------------------------------------
 
 def parse_prompt(line: str) -> Tuple[List[Dict[str, str]], dict]:
-    """One JSONL line -> (the turns before the first assistant turn, the line's object)."""
-    try:
-        obj = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"invalid JSON ({e.msg} at column {e.colno})") from None
-    if not isinstance(obj, dict):
-        raise ValueError("expected a JSON object with 'messages' or 'conversations'")
-    if "messages" in obj:
-        turns, rk, ck, key = obj["messages"], "role", "content", "messages"
-    elif "conversations" in obj:
-        turns, rk, ck, key = obj["conversations"], "from", "value", "conversations"
-    else:
-        raise ValueError(f"expected a key 'messages' or 'conversations', found {sorted(obj)[:5]}")
-    if not isinstance(turns, list) or not turns:
-        raise ValueError(f"'{key}' must be a non-empty list")
+    """One JSONL line -> (the turns before the first assistant turn, the line's object); turns as
+    tools/prepare_data.py reads them (Malformed, a ValueError, otherwise)."""
+    obj = json_object(line, "'messages' or 'conversations'")
     msgs = []
-    for i, t in enumerate(turns):
-        if not isinstance(t, dict) or not isinstance(t.get(rk), str) or not isinstance(t.get(ck), str):
-            raise ValueError(f"{key}[{i}] must be an object with string '{rk}' and '{ck}'")
-        role = SHAREGPT.get(t[rk].lower()) if key == "conversations" else t[rk]
-        if role not in ROLES:
-            raise ValueError(f"{key}[{i}]: unknown role {t[rk]!r}")
+    for _, role, content in chat_turns(obj):
         if role == "assistant":
             break
-        msgs.append({"role": role, "content": t[ck]})
+        msgs.append({"role": role, "content": content})
     if not msgs or msgs[-1]["role"] != "user":
         raise ValueError("the prompt (the turns before the first assistant turn) must end with a user turn")
     return msgs, obj

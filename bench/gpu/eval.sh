@@ -12,43 +12,18 @@
 #   bash bench/gpu/eval.sh BUILD_DIR OUT_DIR               (about 10 minutes)
 # targets: dflash_rank target_bench
 set -uo pipefail
-BUILD=$(realpath "${1:?usage: eval.sh BUILD_DIR OUT_DIR}")
-OUT=${2:?usage: eval.sh BUILD_DIR OUT_DIR}
-mkdir -p "$OUT"; OUT=$(realpath "$OUT")
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$ROOT"
-source tools/mpi_env.sh
-export NCCL_NVLS_ENABLE=0
-PY=${DFLASH_PYTHON:-python3}
-WORK=${DFLASH_BENCH_WORK:-/tmp/dflash-eval-bench}
-mkdir -p "$WORK"
-SUMMARY=$OUT/eval_summary.txt
-ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
-echo "eval.sh: $(date -u +%FT%TZ) host $(hostname) GPUs ${ngpu:-0}" | tee "$SUMMARY"
-if [ "${ngpu:-0}" -lt 1 ]; then echo "SKIP: no GPU" | tee -a "$SUMMARY"; exit 0; fi
+# shellcheck source-path=SCRIPTDIR source=lib/common.sh
+source "$(dirname "$0")/lib/common.sh"
+bench_setup eval /tmp/dflash-eval-bench "$@"
+bench_need_gpus 1
 
 t0=$(date +%s)
-if [ ! -f "$WORK/qwen3-8b/config.json" ]; then
-  if [ -x "$BUILD/bench/target_bench" ]; then
-    "$BUILD/bench/target_bench" write-checkpoint "$WORK/qwen3-8b" --shards 5 2>&1 | tail -2
-  else
-    timeout 600 "$PY" tools/make_random_target.py --out "$WORK/qwen3-8b" --preset qwen3-8b 2>&1 | tail -2
-  fi
-fi
+bench_random_target_and_data
 "$PY" - "$WORK" <<'PYEOF'
-import json, os, sys
+import json, sys
 import numpy as np
-sys.path.insert(0, "tools")
-import dflash_shard
 work = sys.argv[1]
-rng = np.random.default_rng(0)
-os.makedirs(f"{work}/data", exist_ok=True)
-docs = []
-for _ in range(240):  # 240 x 3072 tokens: prompt 512 (mask 0), response 2560 (mask 1)
-    ids = rng.integers(0, 151643, 3072)
-    docs.append((ids, np.r_[np.zeros(512, np.int64), np.ones(2560, np.int64)]))
-dflash_shard.write_shard(f"{work}/data/random-00000.dfshard", docs, 151936)
-held = np.random.default_rng(1)  # other seed: held out
+held = np.random.default_rng(1)  # another seed than the documents': held out
 for name, n in (("prompts64", 64), ("prompts16", 16)):
     with open(f"{work}/{name}.jsonl", "w") as f:
         for i in range(n):
@@ -68,7 +43,7 @@ for mode in off on; do
   cmd=("${launch[@]}" --config configs/debug-2gpu.yaml "${layout[@]}" "${common[@]}" "${extra[@]}")
   echo "pipeline eval $mode: ${cmd[*]}" | tee -a "$SUMMARY"
   timeout 1200 "${cmd[@]}" 2>&1 | tee "$OUT/eval_pipeline_$mode.log" | grep -E "step|eval|error|done"; r=${PIPESTATUS[0]}
-  echo "exit: $r" | tee -a "$SUMMARY"; [ $r -ne 0 ] && rc=$r
+  echo "exit: $r" | tee -a "$SUMMARY"; [ "$r" -ne 0 ] && rc=$r
   cp "$WORK/run_$mode/metrics.jsonl" "$OUT/eval_pipeline_${mode}_metrics.jsonl" 2>/dev/null
   [ -f "$WORK/run_$mode/eval.jsonl" ] && cp "$WORK/run_$mode/eval.jsonl" "$OUT/eval_pipeline_on_evals.jsonl"
 done
@@ -96,10 +71,10 @@ PYEOF
 for bs in 16 64; do
   cmd=("$BUILD/trainer/dflash_rank" eval --config configs/debug-2gpu.yaml target.model_dir="$WORK/qwen3-8b"
        eval.drafter_dir="$WORK/run_off/exports/final" "eval.prompts=$WORK/prompts64.jsonl" eval.max_new_tokens=256
-       eval.batch_size=$bs eval.device=cuda:0 eval.out="$OUT/eval_b$bs.json" run.dir="$WORK/eval_b$bs")
+       "eval.batch_size=$bs" eval.device=cuda:0 eval.out="$OUT/eval_b$bs.json" run.dir="$WORK/eval_b$bs")
   echo "eval batch $bs: ${cmd[*]}" | tee -a "$SUMMARY"
   timeout 1500 "${cmd[@]}" 2>&1 | tee "$OUT/eval_b$bs.log" | grep -E "eval|error"; r=${PIPESTATUS[0]}
-  echo "exit: $r" | tee -a "$SUMMARY"; [ $r -ne 0 ] && rc=$r
+  echo "exit: $r" | tee -a "$SUMMARY"; [ "$r" -ne 0 ] && rc=$r
   grep -E "eval: (64 prompts|accepted|speculative)" "$OUT/eval_b$bs.log" | tee -a "$SUMMARY"
 done
-exit $rc
+exit "$rc"

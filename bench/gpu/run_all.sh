@@ -7,6 +7,7 @@
 #     step = an area (bench/gpu/<area>.sh), or "a|b": area a on GPU 0 and b on GPU 1 at once
 #     (each "a" may itself be "a,c": run one after the other on that GPU)
 #   default: every bench/gpu/*.sh but this one and the profilers (*_prof.sh), one after the other
+# bench/gpu/lib/common.sh holds the set-up the areas share (sourced, so not an area: it is below lib/).
 # The device machine gets no .git: pass DFLASH_COMMIT=$(git rev-parse --short HEAD) to record it.
 # On the H200 machines LibTorch is the system python3's torch. NVLink multicast stays off.
 set -uo pipefail

@@ -10,19 +10,11 @@
 #   bash bench/gpu/startup.sh BUILD_DIR OUT_DIR                    (under a minute)
 # targets: dflash_rank
 set -uo pipefail
-BUILD=$(realpath "${1:?usage: startup.sh BUILD_DIR OUT_DIR}")
-OUT=${2:?usage: startup.sh BUILD_DIR OUT_DIR}
-mkdir -p "$OUT"; OUT=$(realpath "$OUT")
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$ROOT"
-export NCCL_NVLS_ENABLE=0
-PY=${DFLASH_PYTHON:-python3}
-WORK=${DFLASH_BENCH_WORK:-/tmp/dflash-startup-bench}
+# shellcheck source-path=SCRIPTDIR source=lib/common.sh
+source "$(dirname "$0")/lib/common.sh"
+bench_setup startup /tmp/dflash-startup-bench "$@"
 rm -rf "$WORK"; mkdir -p "$WORK"
-SUMMARY=$OUT/startup_summary.txt
-ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
-echo "startup.sh: $(date -u +%FT%TZ) host $(hostname) GPUs ${ngpu:-0}" | tee "$SUMMARY"
-if [ "${ngpu:-0}" -lt 2 ]; then echo "SKIP: needs 2 GPUs" | tee -a "$SUMMARY"; exit 0; fi
+bench_need_gpus 2 "needs 2 GPUs"
 
 "$PY" - "$WORK" <<'PYEOF'
 import os, sys
@@ -39,7 +31,8 @@ PYEOF
 # run NAME [key=value for rank 1 ...]: both ranks torchrun-style; waits for both
 run() {
   local name=$1; shift
-  local port=$(( 20000 + RANDOM % 20000 )) t0=$(date +%s) pids=()
+  local port=$(( 20000 + RANDOM % 20000 )) t0 pids=()
+  t0=$(date +%s)
   for r in 0 1; do
     local extra=(); [ "$r" = 1 ] && extra=("$@")
     env RANK=$r LOCAL_RANK=$r WORLD_SIZE=2 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \

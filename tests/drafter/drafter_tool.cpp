@@ -23,6 +23,7 @@
 
 #include "attention/dflash_attention.h"
 #include "core/error.h"
+#include "core/parse.h"
 #include "trainer/model/anchors.h"
 #include "trainer/model/drafter.h"
 #include "trainer/model/export.h"
@@ -41,18 +42,6 @@ std::string meta(const std::map<std::string, std::string>& m, const std::string&
   return def;
 }
 
-std::vector<int64_t> int_list(const std::string& s) {
-  std::vector<int64_t> v;
-  size_t p = 0;
-  while (p < s.size()) {
-    size_t q = s.find(',', p);
-    if (q == std::string::npos) q = s.size();
-    v.push_back(std::stoll(s.substr(p, q - p)));
-    p = q + 1;
-  }
-  return v;
-}
-
 DrafterSpec spec_from_meta(const std::map<std::string, std::string>& m) {
   DrafterSpec s;
   s.hidden_size = std::stoll(meta(m, "hidden_size"));
@@ -65,7 +54,7 @@ DrafterSpec spec_from_meta(const std::map<std::string, std::string>& m) {
   s.rms_norm_eps = std::stod(meta(m, "rms_norm_eps"));
   s.rope_theta = std::stod(meta(m, "rope_theta"));
   s.block_size = std::stoll(meta(m, "block_size"));
-  s.target_layer_ids = int_list(meta(m, "target_layer_ids"));
+  s.target_layer_ids = parse_int_list(meta(m, "target_layer_ids"), "input metadata: target_layer_ids");
   s.num_target_layers = std::stoll(meta(m, "num_target_layers"));
   s.mask_token_id = std::stoll(meta(m, "mask_token_id"));
   return s;

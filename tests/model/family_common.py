@@ -1,5 +1,7 @@
-"""Shared checks of the C++ target (tests/model/target_tool) against transformers for the
-qwen3_moe / qwen3_5 families (test_target_moe.py, test_target_qwen35.py). CPU, fp32.
+"""Shared checks of the C++ target (tests/model/target_tool) against transformers: the tool, the
+error measure and the random weights of every family's test (test_target.py: qwen3 / llama), and
+the whole checks of the qwen3_moe / qwen3_5 families (test_target_moe.py, test_target_qwen35.py).
+CPU, fp32.
 
 Error measure: rel_err(a, b) = max|a - b| / max|b| (b the reference). Both sides compute in
 float32 with different summation orders (fused GEMMs, the experts' per-token sum in routing

@@ -26,6 +26,7 @@
 #include <fmt/ranges.h>
 
 #include "core/error.h"
+#include "core/parse.h"
 #include "trainer/model/safetensors.h"
 #include "trainer/model/target.h"
 
@@ -62,25 +63,6 @@ int st_copy(const std::vector<std::string>& args) {
   return 0;
 }
 
-std::vector<int64_t> parse_ints(const std::string& s, const char* what) {
-  std::vector<int64_t> out;
-  size_t i = 0;
-  while (i < s.size()) {
-    size_t j = s.find(',', i);
-    if (j == std::string::npos) j = s.size();
-    std::string tok = s.substr(i, j - i);
-    try {
-      size_t used = 0;
-      out.push_back(std::stoll(tok, &used));
-      if (used != tok.size()) throw std::invalid_argument(tok);
-    } catch (const std::exception&) {
-      throw_user("{}: '{}' is not an integer", what, tok);
-    }
-    i = j + 1;
-  }
-  return out;
-}
-
 struct Opts {
   std::map<std::string, std::string> kv;
   std::set<std::string> flags;
@@ -115,9 +97,9 @@ int dump(const std::vector<std::string>& args) {
   at::Device dev = o.kv.count("device") ? at::Device(o.get("device")) : at::Device(at::kCPU);
   at::ScalarType dt = o.kv.count("dtype") ? parse_dtype(o.get("dtype")) : at::kFloat;
   auto model = dflash::model::TargetModel::load(o.get("model"), dt, dev, lo);
-  at::Tensor ids = to_tensor(parse_ints(o.get("ids"), "--ids"));
-  at::Tensor cu = to_tensor(parse_ints(o.get("cu"), "--cu"));
-  std::vector<int64_t> layers = o.kv.count("layers") ? parse_ints(o.get("layers"), "--layers")
+  at::Tensor ids = to_tensor(dflash::parse_int_list(o.get("ids"), "--ids"));
+  at::Tensor cu = to_tensor(dflash::parse_int_list(o.get("cu"), "--cu"));
+  std::vector<int64_t> layers = o.kv.count("layers") ? dflash::parse_int_list(o.get("layers"), "--layers")
                                                      : std::vector<int64_t>{};
   std::vector<std::pair<std::string, at::Tensor>> out;
   if (o.flags.count("capture-only")) {
@@ -145,7 +127,7 @@ int generate(const std::vector<std::string>& args) {
   while (i <= all.size()) {
     size_t j = all.find(';', i);
     if (j == std::string::npos) j = all.size();
-    prompts.push_back(parse_ints(all.substr(i, j - i), "--prompts"));
+    prompts.push_back(dflash::parse_int_list(all.substr(i, j - i), "--prompts"));
     i = j + 1;
   }
   auto res = model.generate(prompts, std::stoll(o.get("max-new")), o.flags.count("stop-at-eos") > 0);

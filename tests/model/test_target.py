@@ -13,33 +13,15 @@ norm, a mask leak between documents give errors of order 1e-2 .. 1).
 import json
 import os
 import subprocess
-import zlib
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-BUILD = Path(os.environ.get("DFLASH_BUILD_DIR", "build"))
-TOOL = BUILD / "tests" / "model" / "target_tool"
-TOL = float(os.environ.get("DFLASH_TEST_TOL", "1e-4"))
+from family_common import TOL, TOOL, docs_for, ints, randomize, rel_err, run_tool
 
 torch.manual_seed(0)
-
-
-def rel_err(a, b):
-    return ((a.double() - b.double()).abs().max() / b.double().abs().max()).item()
-
-
-def run_tool(*args, check=True):
-    r = subprocess.run([str(TOOL), *map(str, args)], capture_output=True, text=True, timeout=600)
-    if check:
-        assert r.returncode == 0, f"target_tool {' '.join(map(str, args))} failed:\n{r.stderr}"
-    return r
-
-
-def ints(xs):
-    return ",".join(str(int(x)) for x in xs)
 
 
 MODELS = {
@@ -79,14 +61,7 @@ def build_model(name, root: Path):
     Cfg, Model = (Qwen3Config, Qwen3ForCausalLM) if kind == "qwen3" else (LlamaConfig, LlamaForCausalLM)
     cfg = Cfg(**spec, rope_parameters=rope_parameters, rms_norm_eps=1e-6, bos_token_id=None,
               eos_token_id=None, pad_token_id=None, max_position_embeddings=4096)
-    g = torch.Generator().manual_seed(zlib.crc32(name.encode()))
-    model = Model(cfg).eval()
-    with torch.no_grad():
-        for pname, p in model.named_parameters():
-            if p.dim() == 1:  # norm weights: around 1, not exactly 1, so that they matter
-                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=g))
-            else:
-                p.copy_(torch.randn(p.shape, generator=g) * (1.0 / p.shape[-1] ** 0.5))
+    model = randomize(Model(cfg).eval(), name)  # norm weights around 1, not exactly 1, so that they matter
     d = root / name
     model.to(save_dtype).save_pretrained(d, **({"max_shard_size": shard} if shard else {}))
     if shard:
@@ -128,17 +103,12 @@ def hf_layer_outputs(model, ids):
 DOC_LENS = [7, 19, 4]
 
 
-def docs_for(vocab, seed):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, vocab, (n,), generator=g) for n in DOC_LENS]
-
-
 @pytest.mark.parametrize("name", list(MODELS))
 def test_capture_and_logits_match_transformers(models, name, tmp_path):
     d = models[name]
     hf = hf_load(d)
     L = hf.config.num_hidden_layers
-    docs = docs_for(hf.config.vocab_size, 1)
+    docs = docs_for(hf.config.vocab_size, 1, DOC_LENS)
     all_layers = list(range(L))
     ref_layers, ref_logits = [], []
     for doc in docs:
@@ -193,7 +163,7 @@ def test_capture_and_logits_match_transformers(models, name, tmp_path):
 def test_greedy_generation_matches_transformers(models, name):
     d = models[name]
     hf = hf_load(d)
-    prompts = docs_for(hf.config.vocab_size, 2)
+    prompts = docs_for(hf.config.vocab_size, 2, DOC_LENS)
     ref = []
     with torch.no_grad():
         for p in prompts:
@@ -241,7 +211,7 @@ def test_generation_stops_at_eos(models, tmp_path):
     d = tmp_path / "eos_model"
     shutil.copytree(src, d)
     hf = hf_load(d)
-    prompts = docs_for(hf.config.vocab_size, 3)
+    prompts = docs_for(hf.config.vocab_size, 3, DOC_LENS)
     with torch.no_grad():
         free = [hf.generate(p[None], max_new_tokens=32, do_sample=False, eos_token_id=None,
                             pad_token_id=0)[0, len(p):].tolist() for p in prompts]

@@ -9,20 +9,13 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 
 import pytest
 
-SRC = os.environ.get("DFLASH_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
-BUILD = os.environ.get("DFLASH_BUILD_DIR", os.path.join(SRC, "build"))
-RANK_BIN = os.path.join(BUILD, "trainer", "dflash_rank")
-sys.path.insert(0, os.path.join(SRC, "tools"))
+from pipeline_common import ENV, RANK_BIN, SRC  # (and tools/ on sys.path)
 
 STEPS = {"qwen3_moe": 24, "qwen3_5": 24}
 LOSS_DROP = 0.4
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_btl_tcp_if_include="lo",
-           OMPI_MCA_oob_tcp_if_include="lo", OMPI_MCA_mpi_yield_when_idle="1", PYTHONDONTWRITEBYTECODE="1")
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_5"])

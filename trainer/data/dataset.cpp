@@ -5,22 +5,23 @@
 #include <ATen/ATen.h>
 
 #include "core/error.h"
+#include "core/random.h"
 
 namespace dflash::data {
 namespace {
 
-uint64_t splitmix64(uint64_t& s) {
-  uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
+// The next value of the splitmix64 stream at state s (s advances by the gamma).
+uint64_t next_splitmix(uint64_t& s) {
+  const uint64_t z = splitmix64(s);
+  s += kSplitmixGamma;
+  return z;
 }
 
 // Uniform integer in [0, n) without modulo bias (rejection of the short top range).
 uint64_t uniform_below(uint64_t& s, uint64_t n) {
   const uint64_t limit = UINT64_MAX - UINT64_MAX % n;
   uint64_t r;
-  do r = splitmix64(s);
+  do r = next_splitmix(s);
   while (r >= limit);
   return r % n;
 }
@@ -37,7 +38,7 @@ std::vector<int64_t> Dataset::document_order(int64_t num_docs, int64_t seed, int
   std::vector<int64_t> order(static_cast<size_t>(num_docs));
   for (int64_t i = 0; i < num_docs; ++i) order[i] = i;
   uint64_t s = static_cast<uint64_t>(seed);
-  s = splitmix64(s) ^ (static_cast<uint64_t>(epoch) * 0xD1B54A32D192ED03ull + 0x5851F42D4C957F2Dull);
+  s = next_splitmix(s) ^ (static_cast<uint64_t>(epoch) * 0xD1B54A32D192ED03ull + 0x5851F42D4C957F2Dull);
   for (int64_t i = num_docs - 1; i > 0; --i) {
     const auto j = static_cast<int64_t>(uniform_below(s, static_cast<uint64_t>(i) + 1));
     std::swap(order[i], order[j]);

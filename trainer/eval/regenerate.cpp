@@ -12,6 +12,7 @@
 
 #include "core/device.h"
 #include "core/error.h"
+#include "core/random.h"
 #include "trainer/eval/regenerate_loops.h"
 #include "trainer/model/target_cache.h"
 
@@ -21,12 +22,7 @@ using namespace regen_detail;
 
 double counter_uniform(uint64_t seed, uint64_t step) {
   uint64_t z = seed ^ (step * 0x9E3779B97F4A7C15ULL + 0x632BE59BD9B4E019ULL);
-  for (int r = 0; r < 2; ++r) {  // two rounds of splitmix64's finaliser
-    z += 0x9E3779B97F4A7C15ULL;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    z ^= z >> 31;
-  }
+  z = splitmix64(splitmix64(z));  // two rounds
   return double(z >> 11) * 0x1.0p-53;
 }
 

@@ -15,6 +15,7 @@
 #include "core/fault.h"
 #include "core/files.h"
 #include "core/json.h"
+#include "core/parse.h"
 #include "trainer/eval/regenerate_loops.h"
 
 namespace dflash::eval {
@@ -36,31 +37,6 @@ constexpr const char* kUsage =
     "    cache: the general KV cache, one host read per step (targets with recurrent/expert layers)\n"
     "  ITEMS.jsonl: {\"key\": \"17:0\", \"input_ids\": [...], \"seed\": 123} per line (tools/regenerate.py)\n"
     "  RESULTS.jsonl: appended, one {\"key\", \"tokens\", \"stopped\"} line per item as it finishes";
-
-std::vector<int64_t> parse_int_list(const std::string& s, const std::string& what) {
-  std::vector<int64_t> out;
-  size_t i = 0;
-  while (i < s.size()) {
-    size_t j = s.find(',', i);
-    if (j == std::string::npos) j = s.size();
-    std::string tok = s.substr(i, j - i);
-    try {
-      size_t used = 0;
-      out.push_back(std::stoll(tok, &used));
-      if (used != tok.size()) throw std::invalid_argument(tok);
-    } catch (const std::exception&) {
-      throw_user("regenerate: {}: '{}' is not an integer", what, tok);
-    }
-    i = j + 1;
-  }
-  return out;
-}
-
-int64_t parse_int(const std::string& s, const std::string& what) {
-  std::vector<int64_t> v = parse_int_list(s, what);
-  if (v.size() != 1) throw_user("regenerate: {}: '{}' is not an integer", what, s);
-  return v[0];
-}
 
 double parse_num(const std::string& s, const std::string& what) {
   try {
@@ -117,14 +93,14 @@ int regenerate_command(int argc, char** argv) {
   auto get = [&](const std::string& k, const std::string& def) { return kv.count(k) ? kv[k] : def; };
 
   RegenOptions o;
-  o.batch_size = parse_int(get("batch-size", "64"), "--batch-size");
-  o.max_new_tokens = parse_int(get("max-new-tokens", "512"), "--max-new-tokens");
+  o.batch_size = parse_int(get("batch-size", "64"), "regenerate: --batch-size");
+  o.max_new_tokens = parse_int(get("max-new-tokens", "512"), "regenerate: --max-new-tokens");
   o.temperature = parse_num(get("temperature", "0"), "--temperature");
   o.top_p = parse_num(get("top-p", "1"), "--top-p");
-  o.refill_rows = parse_int(get("refill-rows", "0"), "--refill-rows");
+  o.refill_rows = parse_int(get("refill-rows", "0"), "regenerate: --refill-rows");
   o.progress_s = parse_num(get("progress-s", "10"), "--progress-s");
-  o.check_every = parse_int(get("check-every", "8"), "--check-every");
-  o.window_bucket = parse_int(get("window-bucket", "256"), "--window-bucket");
+  o.check_every = parse_int(get("check-every", "8"), "regenerate: --check-every");
+  o.window_bucket = parse_int(get("window-bucket", "256"), "regenerate: --window-bucket");
   const std::string engine = get("engine", "auto"), graphs = get("cuda-graphs", "on");
   if (engine == "auto") o.engine = RegenOptions::Engine::Auto;
   else if (engine == "static") o.engine = RegenOptions::Engine::Static;
@@ -132,7 +108,7 @@ int regenerate_command(int argc, char** argv) {
   else throw_user("regenerate: --engine '{}': expected auto, static or cache", engine);
   if (graphs != "on" && graphs != "off") throw_user("regenerate: --cuda-graphs '{}': expected on or off", graphs);
   o.cuda_graphs = graphs == "on";
-  if (int threads = int(parse_int(get("threads", "0"), "--threads")); threads > 0) at::set_num_threads(threads);
+  if (int threads = int(parse_int(get("threads", "0"), "regenerate: --threads")); threads > 0) at::set_num_threads(threads);
 
   std::string dev_name = get("device", "auto");
   at::Device dev = at::kCPU;
@@ -153,7 +129,7 @@ int regenerate_command(int argc, char** argv) {
 
   std::vector<RegenItem> items = read_items(kv["in"]);
   auto model = model::TargetModel::load(kv["model"], dtype, dev);
-  o.stop_ids = kv.count("stop-ids") ? parse_int_list(kv["stop-ids"], "--stop-ids") : model.config().eos_token_ids;
+  o.stop_ids = kv.count("stop-ids") ? parse_int_list(kv["stop-ids"], "regenerate: --stop-ids") : model.config().eos_token_ids;
 
   std::FILE* out = std::fopen(kv["out"].c_str(), "a");
   if (!out) throw_user("regenerate: cannot open '{}' for appending", kv["out"]);

@@ -8,16 +8,10 @@
 #include <c10/core/InferenceMode.h>
 
 #include "core/error.h"
+#include "core/random.h"
 
 namespace dflash::eval {
 namespace {
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 int64_t longest(const std::vector<std::vector<int64_t>>& prompts) {
   int64_t n = 0;

@@ -6,16 +6,10 @@
 #include <ATen/ATen.h>
 
 #include "core/error.h"
+#include "core/random.h"
 
 namespace dflash::model {
 namespace {
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 
 uint64_t draw_key(uint64_t seed, int64_t batch, int64_t doc) {
   uint64_t h = splitmix64(seed);

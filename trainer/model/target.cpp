@@ -16,6 +16,7 @@
 #include "trainer/model/safetensors.h"
 #include "trainer/model/target_cache.h"
 #include "trainer/model/target_ops.h"
+#include "trainer/model/target_pass.h"
 #include "trainer/model/target_qwen35.h"
 
 namespace dflash::model {
@@ -261,70 +262,29 @@ const at::Tensor& TargetModel::lm_head() const { return hybrid_ ? hybrid_->lm_he
 
 // ---- forward ---------------------------------------------------------------------------------
 
-// One pass over a set of tokens. Packed mode: documents given by cu_seqlens. With `attend`:
-// the caller's attention (KV caches, target_cache.h).
-struct TargetModel::Pass {
-  at::Tensor ids;        // [T] int64 on device
-  at::Tensor cos, sin;   // [T, head_dim / 2] float32 on device
-  int64_t run_layers = 0;
-  std::vector<int64_t> capture_ids;
-  at::Tensor captured;   // [T, K * H]
-  // packed mode
-  std::vector<int64_t> cu;  // host copy
-  at::Tensor cu_dev;        // int32 on device
-  int64_t max_len = 0;
-  const Attention* attend = nullptr;
-};
-
-namespace {
-
-// Host copy of cu_seqlens, validated against T.
-std::vector<int64_t> check_cu_seqlens(const at::Tensor& cu_seqlens, int64_t T) {
-  if (cu_seqlens.dim() != 1 || cu_seqlens.numel() < 2 ||
-      (cu_seqlens.scalar_type() != at::kLong && cu_seqlens.scalar_type() != at::kInt))
-    throw_user("target forward: cu_seqlens must be a 1-D int32/int64 tensor [n_docs + 1], got {} "
-               "of shape [{}]", c10::toString(cu_seqlens.scalar_type()), fmt::join(cu_seqlens.sizes(), ", "));
-  at::Tensor h = cu_seqlens.to(at::kCPU, at::kLong).contiguous();
-  std::vector<int64_t> cu(h.data_ptr<int64_t>(), h.data_ptr<int64_t>() + h.numel());
-  if (cu.front() != 0 || cu.back() != T)
-    throw_user("target forward: cu_seqlens must start at 0 and end at the token count {}, got {} .. {}",
-               T, cu.front(), cu.back());
-  for (size_t i = 1; i < cu.size(); ++i)
-    if (cu[i] <= cu[i - 1])
-      throw_user("target forward: cu_seqlens must be strictly increasing (document {} is empty or "
-                 "negative: {} -> {})", i - 1, cu[i - 1], cu[i]);
-  return cu;
-}
-
-}  // namespace
+// One pass over a set of tokens (target_pass.h).
+struct TargetModel::Pass : TargetPass {};
 
 at::Tensor TargetModel::run_layers(Pass& pass) const {
   const HfConfig& c = cfg_;
   const int64_t T = pass.ids.size(0);
-  const int64_t H = c.hidden_size, I = c.intermediate_size, hd = c.head_dim;
+  const int64_t I = c.intermediate_size, hd = c.head_dim;
   const int64_t nq = c.num_attention_heads, nkv = c.num_key_value_heads;
   const double eps = c.rms_norm_eps;
-  const double scale = 1.0 / std::sqrt(double(hd));
 
   at::Tensor x = at::embedding(embed_, pass.ids);  // [T, H], the residual stream
-  size_t next_capture = 0;
   for (int64_t l = 0; l < pass.run_layers; ++l) {
     const Layer& w = layers_[l];
     at::Tensor h = ops::rms_norm(x, w.input_norm, eps);
     at::Tensor qkv = at::mm(h, w.wqkv.t());  // [T, (nq + 2 nkv) hd]
     auto [q, k, v] = ops::qkv_heads(qkv, nq, nkv, hd, w.q_norm, w.k_norm, eps, pass.cos, pass.sin);
 
-    at::Tensor attn = pass.attend ? (*pass.attend)(l, q, k, v)
-                                  : ops::varlen_causal_attention(q, k, v, pass.cu, pass.cu_dev,
-                                                                 pass.max_len, scale);
+    at::Tensor attn = pass.attention(l, q, k, v);
     x.addmm_(attn.reshape({T, nq * hd}), w.wo.t());
     h = ops::rms_norm(x, w.post_norm, eps);
     at::Tensor gu = at::mm(h, w.w_gate_up.t());  // [T, 2I]
     x.addmm_(ops::silu_mul(gu, I), w.w_down.t());
-    if (next_capture < pass.capture_ids.size() && pass.capture_ids[next_capture] == l) {
-      pass.captured.narrow(1, int64_t(next_capture) * H, H).copy_(x);
-      ++next_capture;
-    }
+    pass.after_layer(l, x);
   }
   return x;
 }
@@ -335,54 +295,16 @@ at::Tensor TargetModel::final_logits(const at::Tensor& hidden) const {
   return at::mm(ops::rms_norm(hidden, norm_, cfg_.rms_norm_eps), lm_head_.t()).to(at::kFloat);
 }
 
-namespace {
-
-void check_ids(const at::Tensor& ids, int64_t vocab) {
-  if (ids.dim() != 1 || ids.scalar_type() != at::kLong)
-    throw_user("target forward: ids must be a 1-D int64 tensor, got {} of shape [{}]",
-               c10::toString(ids.scalar_type()), fmt::join(ids.sizes(), ", "));
-  if (ids.numel() == 0) throw_user("target forward: no tokens");
-  auto [lo, hi] = at::aminmax(ids);
-  int64_t l = lo.item<int64_t>(), h = hi.item<int64_t>();
-  if (l < 0 || h >= vocab)
-    throw_user("target forward: token id {} is outside the vocabulary [0, {})", l < 0 ? l : h, vocab);
-}
-
-void check_layer_ids(const std::vector<int64_t>& ids, int64_t loaded) {
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if (ids[i] < 0 || ids[i] >= loaded)
-      throw_user("target capture: layer id {} is outside [0, {}) (loaded decoder layers)", ids[i],
-                 loaded);
-    if (i && ids[i] <= ids[i - 1])
-      throw_user("target capture: layer ids must be strictly increasing, got {} after {}", ids[i],
-                 ids[i - 1]);
-  }
-}
-
-}  // namespace
-
 TargetModel::Output TargetModel::forward(const at::Tensor& ids_in, const at::Tensor& cu_seqlens,
                                          const std::vector<int64_t>& layer_ids) const {
   if (hybrid_) return hybrid_->forward(ids_in, cu_seqlens, layer_ids);
   c10::InferenceMode guard;
-  check_ids(ids_in, cfg_.vocab_size);
-  check_layer_ids(layer_ids, num_layers_loaded());
+  check_target_ids(ids_in, cfg_.vocab_size);
+  check_capture_layer_ids(layer_ids, num_layers_loaded());
   Pass pass;
-  const int64_t T = ids_in.size(0);
-  pass.ids = ids_in.to(device_);
-  pass.cu = check_cu_seqlens(cu_seqlens, T);
-  for (size_t b = 0; b + 1 < pass.cu.size(); ++b)
-    pass.max_len = std::max(pass.max_len, pass.cu[b + 1] - pass.cu[b]);
-  pass.cu_dev = at::tensor(pass.cu, at::kLong).to(at::kInt).to(device_);
-  at::Tensor pos = ops::positions_from_cu(pass.cu, T).to(device_);
-  std::tie(pass.cos, pass.sin) = ops::rope_cos_sin(pos, inv_freq_);
-  pass.capture_ids = layer_ids;
+  pass.pack(ids_in, cu_seqlens, inv_freq_, device_);
   Output out;
-  if (!layer_ids.empty()) {
-    pass.captured = at::empty({T, int64_t(layer_ids.size()) * cfg_.hidden_size},
-                              at::TensorOptions().dtype(dtype_).device(device_));
-    out.captured = pass.captured;
-  }
+  out.captured = pass.capture_into(layer_ids, cfg_.hidden_size, at::TensorOptions().dtype(dtype_).device(device_));
   if (!lm_head_.defined()) {
     if (layer_ids.empty()) throw_user("target forward: no lm_head loaded and no layers to capture");
     pass.run_layers = layer_ids.back() + 1;
@@ -400,20 +322,11 @@ at::Tensor TargetModel::capture(const at::Tensor& ids_in, const at::Tensor& cu_s
   if (hybrid_) return hybrid_->capture(ids_in, cu_seqlens, layer_ids);
   c10::InferenceMode guard;
   if (layer_ids.empty()) throw_user("target capture: no layer ids");
-  check_ids(ids_in, cfg_.vocab_size);
-  check_layer_ids(layer_ids, num_layers_loaded());
+  check_target_ids(ids_in, cfg_.vocab_size);
+  check_capture_layer_ids(layer_ids, num_layers_loaded());
   Pass pass;
-  const int64_t T = ids_in.size(0);
-  pass.ids = ids_in.to(device_);
-  pass.cu = check_cu_seqlens(cu_seqlens, T);
-  for (size_t b = 0; b + 1 < pass.cu.size(); ++b)
-    pass.max_len = std::max(pass.max_len, pass.cu[b + 1] - pass.cu[b]);
-  pass.cu_dev = at::tensor(pass.cu, at::kLong).to(at::kInt).to(device_);
-  at::Tensor pos = ops::positions_from_cu(pass.cu, T).to(device_);
-  std::tie(pass.cos, pass.sin) = ops::rope_cos_sin(pos, inv_freq_);
-  pass.capture_ids = layer_ids;
-  pass.captured = at::empty({T, int64_t(layer_ids.size()) * cfg_.hidden_size},
-                            at::TensorOptions().dtype(dtype_).device(device_));
+  pass.pack(ids_in, cu_seqlens, inv_freq_, device_);
+  pass.capture_into(layer_ids, cfg_.hidden_size, at::TensorOptions().dtype(dtype_).device(device_));
   pass.run_layers = layer_ids.back() + 1;
   run_layers(pass);
   return pass.captured;
@@ -427,22 +340,15 @@ TargetModel::Output TargetModel::forward_with(const at::Tensor& ids_in, const at
   if (hybrid_) return hybrid_->forward_with(ids_in, positions, layer_ids, attend, logit_rows, linear);
   c10::InferenceMode guard;
   if (!lm_head_.defined()) throw_user("target forward: the model was loaded without lm_head");
-  check_ids(ids_in, cfg_.vocab_size);
-  check_layer_ids(layer_ids, num_layers_loaded());
+  check_target_ids(ids_in, cfg_.vocab_size);
+  check_capture_layer_ids(layer_ids, num_layers_loaded());
   const int64_t T = ids_in.size(0);
   DFLASH_CHECK(positions.dim() == 1 && positions.size(0) == T, "forward_with: {} positions for {} tokens",
                positions.numel(), T);
   Pass pass;
-  pass.ids = ids_in.to(device_);
-  std::tie(pass.cos, pass.sin) = ops::rope_cos_sin(positions.to(device_), inv_freq_);
-  pass.capture_ids = layer_ids;
-  pass.attend = &attend;
+  pass.at_positions(ids_in, positions, inv_freq_, device_, attend);
   Output out;
-  if (!layer_ids.empty()) {
-    pass.captured = at::empty({T, int64_t(layer_ids.size()) * cfg_.hidden_size},
-                              at::TensorOptions().dtype(dtype_).device(device_));
-    out.captured = pass.captured;
-  }
+  out.captured = pass.capture_into(layer_ids, cfg_.hidden_size, at::TensorOptions().dtype(dtype_).device(device_));
   pass.run_layers = num_layers_loaded();
   at::Tensor x = run_layers(pass);
   if (logit_rows.defined()) x = x.index_select(0, logit_rows.to(device_));

@@ -73,6 +73,8 @@ class HybridTarget {
                                    const TargetModel::Attention& attend, const at::Tensor& logit_rows,
                                    const TargetModel::LinearMixer* linear) const;
   const HfConfig& config() const { return cfg_; }
+  // The shapes of the Gated DeltaNet (linear_attention) layers.
+  DeltaNetSpec dn_spec() const;
 
  private:
   struct Pass;
@@ -81,7 +83,6 @@ class HybridTarget {
   at::Tensor norm(const at::Tensor& x, const at::Tensor& w) const;
   at::Tensor attention(const Layer& w, int64_t l, const at::Tensor& h, Pass& pass) const;
   Pass make_pass(const at::Tensor& ids, const at::Tensor& cu_seqlens) const;
-  DeltaNetSpec dn_spec() const;
 
   HfConfig cfg_;
   at::ScalarType dtype_ = at::kFloat;

@@ -1,0 +1,59 @@
+# shellcheck shell=bash
+# The set-up shared by the bench/gpu/<area>.sh scripts that take BUILD_DIR OUT_DIR and keep a
+# summary (eval.sh, pipeline.sh, startup.sh). Sourced, never run: it lives below bench/gpu/ so that
+# run_all.sh (which runs every bench/gpu/*.sh) does not take it for an area.
+#   source "$(dirname "$0")/lib/common.sh"
+#   bench_setup NAME WORK_DEFAULT "$@"   BUILD, OUT (absolute; OUT created), ROOT (the checkout; the
+#       working directory from then on), PY ($DFLASH_PYTHON or python3), WORK ($DFLASH_BENCH_WORK or
+#       WORK_DEFAULT, created), SUMMARY (OUT/NAME_summary.txt, started with a header line), ngpu
+#       (nvidia-smi's count); loopback MPI settings (tools/mpi_env.sh), NVLink multicast off.
+#   bench_need_gpus N [WHY]                with fewer than N GPUs: "SKIP: WHY" in the summary, exit 0
+#   bench_random_target_and_data           WORK/qwen3-8b (Qwen3-8B-shaped random bf16 target) unless
+#       there already, and WORK/data/random-00000.dfshard (240 random documents of 3072 tokens)
+
+bench_setup() {
+  local name=$1 work_default=$2; shift 2
+  BUILD=$(realpath "${1:?usage: $name.sh BUILD_DIR OUT_DIR}")
+  OUT=${2:?usage: $name.sh BUILD_DIR OUT_DIR}
+  mkdir -p "$OUT"; OUT=$(realpath "$OUT")
+  ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../../.." && pwd)
+  cd "$ROOT" || exit 1
+  # shellcheck source=/dev/null
+  source tools/mpi_env.sh
+  export NCCL_NVLS_ENABLE=0
+  PY=${DFLASH_PYTHON:-python3}
+  WORK=${DFLASH_BENCH_WORK:-$work_default}
+  mkdir -p "$WORK"
+  SUMMARY=$OUT/${name}_summary.txt
+  ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+  echo "$name.sh: $(date -u +%FT%TZ) host $(hostname) GPUs ${ngpu:-0}" | tee "$SUMMARY"
+}
+
+bench_need_gpus() {
+  if [ "${ngpu:-0}" -lt "$1" ]; then echo "SKIP: ${2:-no GPU}" | tee -a "$SUMMARY"; exit 0; fi
+}
+
+bench_random_target_and_data() {
+  # The random target: target_bench writes it fastest (C++, 5 shards); the Python tool otherwise.
+  if [ ! -f "$WORK/qwen3-8b/config.json" ]; then
+    if [ -x "$BUILD/bench/target_bench" ]; then
+      "$BUILD/bench/target_bench" write-checkpoint "$WORK/qwen3-8b" --shards 5 2>&1 | tail -2
+    else
+      timeout 600 "$PY" tools/make_random_target.py --out "$WORK/qwen3-8b" --preset qwen3-8b 2>&1 | tail -2
+    fi
+  fi
+  "$PY" - "$WORK/data" <<'PYEOF'
+import os, sys
+import numpy as np
+sys.path.insert(0, "tools")
+import dflash_shard
+out = sys.argv[1]
+os.makedirs(out, exist_ok=True)
+rng = np.random.default_rng(0)
+docs = []
+for _ in range(240):  # 240 x 3072 tokens: prompt 512 (mask 0), response 2560 (mask 1)
+    ids = rng.integers(0, 151643, 3072)
+    docs.append((ids, np.r_[np.zeros(512, np.int64), np.ones(2560, np.int64)]))
+dflash_shard.write_shard(os.path.join(out, "random-00000.dfshard"), docs, 151936)
+PYEOF
+}
