@@ -76,21 +76,19 @@ EvalWorker::EvalWorker(const RoleContext& ctx, const model::TargetModel& target)
 
 EvalWorker::~EvalWorker() = default;
 
-void EvalWorker::complete() {
+void EvalWorker::complete(bool in_training) {
   if (!live_->busy()) return;
   const double s = live_->complete();
-  stalled_s_ += s;
   const eval::LiveResult& r = live_->result();
-  if (stalled_s_ > 0.05 * r.wall_s)
-    log::info("eval at step {}: {:.2f} of its {:.2f} s ran at a rendezvous or the end, not in spare time "
-              "(the target had no slack: fewer prompts, a longer eval.every, or more target ranks)",
-              r.step, stalled_s_, r.wall_s);
+  if (in_training && s > 0.05 * r.wall_s)
+    log::info("eval at step {}: {:.2f} of its {:.2f} s ran at the next rendezvous, not in the target's spare time "
+              "(drafter rank 0 waited for it: fewer prompts, a longer eval.every, or more target ranks)",
+              r.step, s, r.wall_s);
   last_ = r;
-  stalled_s_ = 0;
 }
 
 void EvalWorker::meet(int64_t step) {
-  complete();  // the previous evaluation's result goes back in this exchange
+  complete(true);  // the previous evaluation's result goes back in this exchange
   at::Tensor zeros = at::zeros({eval::LiveEval::flat_size(ctx_.plan.spec)},
                                at::TensorOptions().dtype(ctx_.plan.drafter_dtype).device(ctx_.comm->device()));
   auto v = exchange(ctx_, zeros, last_, step * ctx_.plan.batches_per_step);
@@ -112,7 +110,7 @@ double EvalWorker::use_slack(comm::Handle& send) {
 void EvalWorker::finish() {
   while (next_ < steps_.size()) meet(steps_[next_++]);
   if (steps_.empty()) return;
-  complete();
+  complete(false);  // the final drafter's evaluation: after training
   exchange(ctx_, at::Tensor(), last_, ctx_.plan.total_batches);
 }
 

@@ -80,13 +80,13 @@ class EvalWorker {
 
  private:
   void meet(int64_t step);
-  void complete();
+  // Completes the evaluation in progress (in_training: at a rendezvous, logged as a stall).
+  void complete(bool in_training);
   const RoleContext& ctx_;
   std::vector<int64_t> steps_;
   size_t next_ = 0;
   std::unique_ptr<eval::LiveEval> live_;
   eval::LiveResult last_;
-  double stalled_s_ = 0;  // of the evaluation in progress: time completing it at a rendezvous
 };
 
 // The colocated process's side.

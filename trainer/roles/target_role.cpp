@@ -70,6 +70,7 @@ void run_target_role(const RoleContext& ctx) {
     if (++sent == depth + 1) ctx.comm->set_timeout(ctx.cfg.comm.timeout_s);
   }
   while (!inflight.empty()) {
+    if (evw) evw->use_slack(*inflight.front().handle);
     inflight.front().handle->wait();
     inflight.pop_front();
   }
