@@ -61,7 +61,14 @@ std::optional<eval::LiveResult> EvalLeader::after_step(int64_t done, const model
   ++next_;
   // A normal tensor (not an inference tensor): the all-reduce writes into it in place.
   at::Tensor w = eval::LiveEval::flatten(drafter);
-  return result_of(exchange(ctx_, w, {}, done * ctx_.plan.batches_per_step).back());
+  const double t0 = now_s();
+  auto r = result_of(exchange(ctx_, w, {}, done * ctx_.plan.batches_per_step).back());
+  // What the evaluation cost the drafters: drafter rank 0's wait at the rendezvous (the others
+  // wait for it at the next gradient reduction). Normally the eval rank is there first.
+  const double waited = now_s() - t0;
+  if (waited > 0.1)
+    log::info("eval: drafter rank 0 waited {:.2f} s at the rendezvous of step {} for the eval rank", waited, done);
+  return r;
 }
 
 std::optional<eval::LiveResult> EvalLeader::finish() {
@@ -81,9 +88,8 @@ void EvalWorker::complete(bool in_training) {
   const double s = live_->complete();
   const eval::LiveResult& r = live_->result();
   if (in_training && s > 0.05 * r.wall_s)
-    log::info("eval at step {}: {:.2f} of its {:.2f} s ran at the next rendezvous, not in the target's spare time "
-              "(drafter rank 0 waited for it: fewer prompts, a longer eval.every, or more target ranks)",
-              r.step, s, r.wall_s);
+    log::info("eval at step {}: {:.2f} of its {:.2f} s were not done in the target's spare time and ran before the "
+              "next rendezvous (if drafter rank 0 waited there, it says so)", r.step, s, r.wall_s);
   last_ = r;
 }
 

@@ -25,7 +25,7 @@ void run_target_role(const RoleContext& ctx) {
   const double t_load = now_s();
   model::TargetModel target = model::TargetModel::load(ctx.cfg.target.model_dir, p.target_dtype, p.device, lo);
   const std::vector<int64_t> mine = sched.target_batches(i, p.start_batch, p.total_batches);
-  log::info("target {}: loaded {} layers of {} in {:.1f} s; {} batches to produce", i, lo.num_layers,
+  log::info("target {}: loaded {} layers of {} in {:.1f} s; {} batches to produce", i, target.num_layers_loaded(),
             ctx.cfg.target.model_dir, now_s() - t_load, mine.size());
 
   const size_t depth = static_cast<size_t>(std::max<int64_t>(1, ctx.cfg.data.prefetch));
