@@ -24,7 +24,8 @@
 // Reuse (the evaluation during training, trainer/eval/live.h): reset() empties the cache for a
 // new batch of up to the allocated rows x capacity without allocating (the K/V buffers are kept
 // and the part in use is zeroed, which restores the invariant); allocations() counts the times
-// the buffers were allocated, so a caller can check that repeated evaluations reuse them.
+// the buffers were allocated, so a caller can check that repeated evaluations reuse them. (The
+// recurrent state of linear_attention layers, small, is made anew by each reset.)
 //
 // Owns: K/V buffers per layer [rows, capacity, nkv, head_dim] in the model's dtype on its
 // device (keys()/values() are views of the rows x capacity in use), and the host copy of the
