@@ -18,8 +18,8 @@
 // whenever its sends are `data.prefetch` deep and it would wait for the drafters to take one,
 // it advances the evaluation one decode step at a time until a send completes (use_slack), so
 // its batches are late by at most one decode step. An evaluation still unfinished at the next
-// rendezvous (a target-bound pipeline has no spare time) is completed there; that time is
-// logged as stalled. A last exchange after the run brings back the final evaluation. The latest
+// rendezvous (a target-bound pipeline has no spare time) is completed before it (logged), and
+// drafter rank 0 logs any wait of its own at a rendezvous. A last exchange after the run brings back the final evaluation. The latest
 // result shows in drafter rank 0's metrics line as `tau` (with its step and cost eval_s) beside
 // the estimate `tau_est`.
 // Colocated runs: the one process evaluates between steps (training pauses for eval_s).
