@@ -80,7 +80,9 @@ for mode in off on; do
   rm -rf "$WORK/run_$mode"
   cmd=("${launch[@]}" --config configs/debug-2gpu.yaml "${layout[@]}" "${common[@]}" "${extra[@]}")
   echo "pipeline eval $mode: ${cmd[*]}" | tee -a "$SUMMARY"
+  t_start=$(date +%s%N)
   timeout 1200 "${cmd[@]}" 2>&1 | tee "$OUT/eval_pipeline_$mode.log" | grep -E "step|eval|error|done"; r=${PIPESTATUS[0]}
+  echo "$(( ($(date +%s%N) - t_start) / 1000000 ))" > "$OUT/eval_pipeline_${mode}_process_ms.txt"
   echo "exit: $r" | tee -a "$SUMMARY"; [ $r -ne 0 ] && rc=$r
   cp "$WORK/run_$mode/metrics.jsonl" "$OUT/eval_pipeline_${mode}_metrics.jsonl" 2>/dev/null
   [ -f "$WORK/run_$mode/eval.jsonl" ] && cp "$WORK/run_$mode/eval.jsonl" "$OUT/eval_pipeline_on_evals.jsonl"
@@ -88,7 +90,7 @@ done
 grep -hE "eval during training:|waited .* at the rendezvous|not done in the target's spare time" \
   "$OUT/eval_pipeline_on.log" | sed 's/^/  /' | tee -a "$SUMMARY"
 "$PY" - "$OUT" "$EVERY" <<'PYEOF' | tee -a "$SUMMARY"
-import json, sys
+import json, re, sys
 out, every = sys.argv[1], int(sys.argv[2])
 def rows(name):
     try:
@@ -106,11 +108,25 @@ for mode in ("off", "on"):
     for x in m:
         tokens += x["drafter_tok_s"] * (x["elapsed_s"] - prev)
         prev = x["elapsed_s"]
-    final = [e["eval_s"] for e in evals if e["step"] == m[-1]["step"]] if mode == "on" else []
-    wall = m[-1]["elapsed_s"] + sum(final)  # the final eval runs after the last metrics line
-    res[mode] = (tokens / wall, wall, m[-1]["step"])
+    last = m[-1]["step"]
+    # After the last metrics line: drafter rank 0's wait at the last rendezvous (an earlier eval
+    # not finished in the target's spare time) and the final eval.
+    final = [e["eval_s"] for e in evals if e["step"] == last] if mode == "on" else []
+    waits = []
+    if mode == "on":
+        for line in open(f"{out}/eval_pipeline_on.log", errors="replace"):
+            mm = re.search(r"waited ([\d.]+) s at the rendezvous of step (\d+)", line)
+            if mm and int(mm.group(2)) == last:
+                waits.append(float(mm.group(1)))
+    wall = m[-1]["elapsed_s"] + sum(final) + sum(waits)
+    try:
+        proc = float(open(f"{out}/eval_pipeline_{mode}_process_ms.txt").read()) / 1000
+    except (OSError, ValueError):
+        proc = float("nan")
+    res[mode] = (tokens / wall, wall, last, tokens / proc)
     print(f"pipeline eval {mode}: {tokens:.0f} training tokens in {wall:.1f} s"
-          f"{' (final eval included)' if final else ''}: {tokens / wall:.0f} tok/s; "
+          f"{' (final eval and last rendezvous included)' if final else ''}: {tokens / wall:.0f} tok/s; "
+          f"whole process {proc:.1f} s (load and start-up included); "
           f"last line tau_est {m[-1].get('tau_est')} tau {m[-1].get('tau')}@{m[-1].get('tau_step')}")
 for e in evals:
     print(f"  eval at step {e['step']}: eval_s {e['eval_s']:.2f} s (spread over {e.get('eval_span_s', e['eval_s']):.2f} s), "
@@ -118,7 +134,8 @@ for e in evals:
 if len(res) == 2:
     ratio = res["on"][0] / res["off"][0]
     print(f"pipeline: tok/s eval on / off = {ratio:.4f} at eval.every={every} "
-          f"(issue 12 bar: >= 0.95; {len(evals)} evals of 64 prompts x 256 tokens in {res['on'][2]} steps)")
+          f"(issue 12 bar: >= 0.95; {len(evals)} evals of 64 prompts x 256 tokens in {res['on'][2]} steps); "
+          f"whole processes: {res['on'][3] / res['off'][3]:.4f}")
     step_s = res["off"][1] / res["off"][2]
     cost = sorted(e["eval_s"] for e in evals)[len(evals) // 2] if evals else 0  # median eval cost
     if cost > 0:
