@@ -180,7 +180,7 @@ struct EvalConfig {
     v("baseline", baseline, "also decode without the drafter (speedup, equal-output rate)");
     v("max_prompts", max_prompts, "use only the first N prompts (0: all)");
     v("every", every, "training: optimizer steps between evals (0: off)");
-    v("rank", rank, "training: rank that runs the eval (-1: the last target rank; colocated: the process)");
+    v("rank", rank, "training: rank that runs the eval (-1: target rank 0; colocated: the process)");
   }
 };
 

@@ -16,6 +16,7 @@ KV cache, the drafter's training-forward reference with one anchored block per s
 - tools/prepare_prompts.py renders chat JSONL with the target's chat template.
 """
 import json
+import re
 import os
 import random
 import shutil
@@ -245,7 +246,7 @@ def test_prepare_prompts_renders_the_chat_template(tmp_path):
 def train(a, run, np_, steps, *extra):
     cmd = ["--config", "configs/demo.yaml", f"run.dir={run}", "run.cpu_threads=1", f"target.model_dir={a['target']}",
            f"data.shards=[{a['data']}]", f"train.max_steps={steps}", "checkpoint.export_every=0",
-           "checkpoint.state_every=0", "log.interval=5", "drafter.num_anchors=16", "comm.timeout_s=120", *extra]
+           "checkpoint.state_every=0", "log.interval=1", "drafter.num_anchors=16", "comm.timeout_s=120", *extra]
     if np_ == 1:
         return run_rank(*cmd, "layout.colocated=true")
     layout = ["layout.target_ranks=1", "layout.drafter_ranks=1"] if np_ == 2 else []
@@ -266,7 +267,10 @@ def test_eval_during_training(assets, tmp_path, np_):
     held-out prompts with drafter rank 0's latest weights (sent over the communicator): tau shows in
     the metrics beside tau_est, eval.jsonl lists each eval, and the final eval equals `dflash_rank
     eval` of the final export exactly (the weights arrive exactly; fp32). Training is unchanged:
-    the losses equal those of a run without evaluation."""
+    the per-step losses equal those of a run without evaluation (same batches, same RNG). The
+    evaluating rank holds one target (its own, loaded once with the LM head: no second copy), its
+    caches are allocated once before training and every eval reuses them; on a target rank the
+    eval of step 5 runs in the rank's spare time (between its sends), not at the next rendezvous."""
     if np_ > 1 and shutil.which("mpirun") is None:
         pytest.skip("mpirun not found")
     a = assets
@@ -279,8 +283,24 @@ def test_eval_during_training(assets, tmp_path, np_):
     m_off = [json.loads(x) for x in open(tmp_path / "off" / "metrics.jsonl")]
     evals = [json.loads(x) for x in open(tmp_path / "on" / "eval.jsonl")]
     assert [e["step"] for e in evals] == [5, 10, 12]
-    assert [x["loss"] for x in m_on] == [x["loss"] for x in m_off]
-    assert [x["step"] for x in m_on] == [5, 10, 12]
+    assert [x["step"] for x in m_on] == list(range(1, steps + 1))
+    assert [x["loss"] for x in m_on] == [x["loss"] for x in m_off]  # every step, exactly
+    assert all(e["eval_s"] > 0 and e["eval_span_s"] >= e["eval_s"] * 0.999 for e in evals)
+    out = on.stdout + on.stderr
+    # One target on the evaluating rank: the eval says it uses it; a target rank that evaluates
+    # loads all layers (the others stop at the last captured one), and nothing else loads one.
+    assert out.count("uses this rank's target") == 1 and "no second copy" in out
+    if np_ > 1:
+        loads = re.findall(r"target (\d+): loaded (\d+) layers", out)
+        # (The console shows some ranks only; each target rank that shows must say this.)
+        assert ("0", "6") in loads and all(n == "4" for i, n in loads if i != "0"), loads
+    if np_ == 2:
+        # The eval of step 5 has 5 drafter steps until the next rendezvous, each far longer than
+        # the whole eval (8 prompts x 24 tokens on the tiny target): it must fit in the target's
+        # spare time. (With 4 ranks on a 2-core machine the target's spare time is not spare.)
+        assert not re.search(r"eval at step 5: [\d.]+ of its .* not done in the target's spare time", out), out
+    # Caches allocated once (target + draft cache) in the constructor; each eval reuses them.
+    assert re.findall(r"eval at step \d+: .* caches allocated (\d+)x in all", out) == ["2"] * 3
     assert m_on[0]["tau"] is None and all(x["tau"] is None for x in m_off)
     # A result reaches drafter rank 0 at the next rendezvous (eval_hooks.h): the eval of step 5 by
     # the lines after step 10; colocated at once (the lines after the eval's step).
@@ -288,7 +308,6 @@ def test_eval_during_training(assets, tmp_path, np_):
     assert last["tau"] is not None and last["tau_step"] == (10 if np_ == 1 else 5) and last["eval_s"] > 0
     assert last["tau"] == pytest.approx(next(e["tau"] for e in evals if e["step"] == last["tau_step"]), rel=1e-5)
     assert last["tau_est"] >= 1
-    out = on.stdout + on.stderr
     assert "eval of the final drafter (step 12): tau" in out
     final = json.load(open(tmp_path / "on" / "eval" / "step_000012.json"))
     ref = tmp_path / "ref.json"

@@ -60,11 +60,25 @@ void DFlashProposer::reset(int64_t rows, int64_t capacity) {
   const auto& s = drafter_.spec();
   len_.assign(rows, 0);
   capacity_ = capacity;
+  const bool fits = !kbuf_.empty() && rows <= kbuf_.front().size(0) && capacity <= kbuf_.front().size(1);
+  if (!fits) {  // new buffers (zeros: the invariant of draft.h)
+    kbuf_.clear(), vbuf_.clear(), k_.clear(), v_.clear();
+    auto opt = at::TensorOptions().dtype(drafter_.dtype()).device(drafter_.device());
+    for (int64_t l = 0; l < s.num_layers; ++l) {
+      kbuf_.push_back(at::zeros({rows, capacity, s.num_kv_heads, s.head_dim}, opt));
+      vbuf_.push_back(at::zeros({rows, capacity, s.num_kv_heads, s.head_dim}, opt));
+    }
+    ++allocations_;
+  } else {  // reuse: zero the part that the new batch sees
+    for (size_t l = 0; l < kbuf_.size(); ++l) {
+      kbuf_[l].narrow(0, 0, rows).narrow(1, 0, capacity).zero_();
+      vbuf_[l].narrow(0, 0, rows).narrow(1, 0, capacity).zero_();
+    }
+  }
   k_.clear(), v_.clear();
-  auto opt = at::TensorOptions().dtype(drafter_.dtype()).device(drafter_.device());
-  for (int64_t l = 0; l < s.num_layers; ++l) {
-    k_.push_back(at::zeros({rows, capacity, s.num_kv_heads, s.head_dim}, opt));
-    v_.push_back(at::zeros({rows, capacity, s.num_kv_heads, s.head_dim}, opt));
+  for (size_t l = 0; l < kbuf_.size(); ++l) {
+    k_.push_back(kbuf_[l].narrow(0, 0, rows).narrow(1, 0, capacity));
+    v_.push_back(vbuf_[l].narrow(0, 0, rows).narrow(1, 0, capacity));
   }
 }
 

@@ -17,8 +17,11 @@
 //     1 .. bs - 1, argmax.
 //
 // Owns: the draft cache [rows, capacity, nkv, head_dim] per draft layer (the drafter's weights
-// are referenced, not copied). Lifetime: the Drafter and the TargetModel (embedding, lm_head)
-// must outlive the proposer. Thread-safety: none; one thread drives it.
+// are referenced, not copied: copying new values into the drafter's parameters is seen by the
+// next propose). reset() keeps the buffers when the new rows x capacity fit them (zeroing the
+// part in use), so repeated evaluations allocate once (allocations()).
+// Lifetime: the Drafter and the TargetModel (embedding, lm_head) must outlive the proposer.
+// Thread-safety: none; one thread drives it.
 #pragma once
 
 #include <cstdint>
@@ -67,6 +70,8 @@ class DFlashProposer : public DraftProposer {
   const std::vector<int64_t>& lengths() const { return len_; }
   const at::Tensor& keys(int64_t layer) const { return k_.at(layer); }
   const at::Tensor& values(int64_t layer) const { return v_.at(layer); }
+  // Times reset() allocated new cache buffers.
+  int64_t allocations() const { return allocations_; }
 
  private:
   struct Layer {
@@ -78,7 +83,9 @@ class DFlashProposer : public DraftProposer {
   std::vector<Layer> layers_;
   std::vector<int64_t> len_;
   int64_t capacity_ = 0;
-  std::vector<at::Tensor> k_, v_;
+  std::vector<at::Tensor> k_, v_;        // views [rows, capacity] of the buffers
+  std::vector<at::Tensor> kbuf_, vbuf_;  // as allocated
+  int64_t allocations_ = 0;
 };
 
 }  // namespace dflash::eval

@@ -53,6 +53,30 @@ double EvalReport::speedup() const {
   return b > 0 ? s / b : 0;
 }
 
+void summarize(EvalReport& r) {
+  const EvalSettings& st = r.settings;
+  const int64_t bs = st.block_size;
+  r.steps = 0, r.spec_tokens = 0, r.spec_forwards = 0, r.base_tokens = 0, r.equal = 0;
+  r.histogram.assign(bs, 0);
+  r.accept_rate.assign(bs - 1, 0);
+  double tau_sum = 0;
+  for (auto& p : r.prompts) {
+    for (auto a : p.spec.accepted) {
+      r.histogram.at(a) += 1;
+      for (int64_t k = 1; k <= a; ++k) r.accept_rate[k - 1] += 1;
+      tau_sum += double(a + 1);
+      ++r.steps;
+    }
+    r.spec_tokens += int64_t(p.spec.tokens.size());
+    r.spec_forwards += p.spec.target_forwards;
+    r.base_tokens += int64_t(p.baseline_tokens.size());
+    p.equal = st.baseline && p.spec.tokens == p.baseline_tokens;
+    r.equal += p.equal;
+  }
+  r.tau = r.steps ? tau_sum / double(r.steps) : 0;
+  for (auto& x : r.accept_rate) x = r.steps ? x / double(r.steps) : 0;
+}
+
 EvalReport evaluate(const model::TargetModel& target, DraftProposer& proposer, const std::vector<Prompt>& prompts,
                     const EvalSettings& st) {
   c10::InferenceMode guard;
@@ -104,24 +128,7 @@ EvalReport evaluate(const model::TargetModel& target, DraftProposer& proposer, c
                 toks, now_s() - t_all);
     }
   }
-  r.histogram.assign(bs, 0);
-  r.accept_rate.assign(bs - 1, 0);
-  double tau_sum = 0;
-  for (auto& p : r.prompts) {
-    for (auto a : p.spec.accepted) {
-      r.histogram.at(a) += 1;
-      for (int64_t k = 1; k <= a; ++k) r.accept_rate[k - 1] += 1;
-      tau_sum += double(a + 1);
-      ++r.steps;
-    }
-    r.spec_tokens += int64_t(p.spec.tokens.size());
-    r.spec_forwards += p.spec.target_forwards;
-    r.base_tokens += int64_t(p.baseline_tokens.size());
-    p.equal = st.baseline && p.spec.tokens == p.baseline_tokens;
-    r.equal += p.equal;
-  }
-  r.tau = r.steps ? tau_sum / double(r.steps) : 0;
-  for (auto& x : r.accept_rate) x = r.steps ? x / double(r.steps) : 0;
+  summarize(r);
   return r;
 }
 

@@ -63,6 +63,10 @@ struct EvalReport {
   std::vector<std::string> summary_lines() const;
 };
 
+// The aggregates of `r` (steps, tau, histogram, rates, tokens, forwards, equal) from
+// r.prompts and r.settings (block size, baseline); walls are left as they are.
+void summarize(EvalReport& r);
+
 // Decodes `prompts` both ways (see above). `proposer` must fit `target`.
 EvalReport evaluate(const model::TargetModel& target, DraftProposer& proposer, const std::vector<Prompt>& prompts,
                     const EvalSettings& settings);

@@ -65,20 +65,39 @@ std::vector<int64_t> choose_tokens(const at::Tensor& logits, const std::vector<i
   return std::vector<int64_t>(tok.data_ptr<int64_t>(), tok.data_ptr<int64_t>() + R);
 }
 
+int64_t SpeculativeDecoder::capacity_for(const std::vector<std::vector<int64_t>>& prompts, const DecodeOptions& opt) {
+  return longest(prompts) + opt.max_new_tokens + opt.block_size;
+}
+
 SpeculativeDecoder::SpeculativeDecoder(const model::TargetModel& target, DraftProposer& proposer,
                                        const std::vector<std::vector<int64_t>>& prompts,
                                        const std::vector<int64_t>& prompt_ids, const DecodeOptions& opt)
-    : target_(target),
-      proposer_(proposer),
+    : proposer_(proposer),
       opt_(opt),
       ids_(prompt_ids),
-      cache_(target, int64_t(prompts.size()), longest(prompts) + opt.max_new_tokens + opt.block_size,
-             proposer.capture_ids()) {
+      own_(std::make_unique<model::TargetCache>(target, int64_t(prompts.size()), capacity_for(prompts, opt),
+                                                proposer.capture_ids())),
+      cache_(*own_) {
+  begin_batch(prompts);
+}
+
+SpeculativeDecoder::SpeculativeDecoder(model::TargetCache& cache, DraftProposer& proposer,
+                                       const std::vector<std::vector<int64_t>>& prompts,
+                                       const std::vector<int64_t>& prompt_ids, const DecodeOptions& opt)
+    : proposer_(proposer), opt_(opt), ids_(prompt_ids), cache_(cache) {
+  DFLASH_CHECK(cache.capture_ids() == proposer.capture_ids(), "decoder: the cache captures other layers than the "
+               "proposer needs");
+  cache_.reset(int64_t(prompts.size()), capacity_for(prompts, opt));
+  begin_batch(prompts);
+}
+
+void SpeculativeDecoder::begin_batch(const std::vector<std::vector<int64_t>>& prompts) {
   c10::InferenceMode guard;
-  check_options(opt, prompts.size(), prompt_ids.size());
-  if (opt.block_size < 2 || opt.block_size > proposer.max_block_size())
+  const DecodeOptions& opt = opt_;
+  check_options(opt, prompts.size(), ids_.size());
+  if (opt.block_size < 2 || opt.block_size > proposer_.max_block_size())
     throw_user("eval.block_size {} must be in [2, {}] (the drafter's block size)", opt.block_size,
-               proposer.max_block_size());
+               proposer_.max_block_size());
   const int64_t B = int64_t(prompts.size());
   proposer_.reset(B, cache_.capacity());
   res_.resize(B);

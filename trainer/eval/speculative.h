@@ -66,6 +66,13 @@ class SpeculativeDecoder {
   SpeculativeDecoder(const model::TargetModel& target, DraftProposer& proposer,
                      const std::vector<std::vector<int64_t>>& prompts, const std::vector<int64_t>& prompt_ids,
                      const DecodeOptions& opt);
+  // The same on a caller's cache (reused between batches: reset() to this batch, no allocation
+  // when it fits); its capture ids must be the proposer's. `cache` must outlive the decoder.
+  SpeculativeDecoder(model::TargetCache& cache, DraftProposer& proposer,
+                     const std::vector<std::vector<int64_t>>& prompts, const std::vector<int64_t>& prompt_ids,
+                     const DecodeOptions& opt);
+  // Rows x capacity of the target cache a batch of `prompts` needs.
+  static int64_t capacity_for(const std::vector<std::vector<int64_t>>& prompts, const DecodeOptions& opt);
   // One draft + verify step for the running rows; false when every row is done.
   bool step();
   void run() { while (step()) {} }
@@ -77,12 +84,13 @@ class SpeculativeDecoder {
   bool done(int64_t b) const { return done_.at(b); }
 
  private:
+  void begin_batch(const std::vector<std::vector<int64_t>>& prompts);
   void commit(int64_t b, const std::vector<int64_t>& toks);
-  const model::TargetModel& target_;
   DraftProposer& proposer_;
   DecodeOptions opt_;
   std::vector<int64_t> ids_;
-  model::TargetCache cache_;
+  std::unique_ptr<model::TargetCache> own_;  // the cache when the decoder made it
+  model::TargetCache& cache_;
   std::vector<RowResult> res_;
   std::vector<int64_t> start_, last_;
   std::vector<bool> done_;

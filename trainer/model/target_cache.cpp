@@ -16,21 +16,51 @@ namespace dflash::model {
 
 TargetCache::TargetCache(const TargetModel& model, int64_t rows, int64_t capacity,
                          std::vector<int64_t> capture_ids)
-    : model_(model), rows_(rows), capacity_(capacity), capture_ids_(std::move(capture_ids)),
-      len_(rows, 0) {
+    : model_(model), rows_(rows), capacity_(capacity), capture_ids_(std::move(capture_ids)) {
+  if (!model.has_lm_head()) throw_user("target cache: the model was loaded without lm_head");
+  reset(rows, capacity);
+}
+
+void TargetCache::allocate(int64_t rows, int64_t capacity) {
+  c10::InferenceMode guard;
+  const HfConfig& c = model_.config();
+  auto opt = at::TensorOptions().dtype(model_.dtype()).device(model_.device());
+  kbuf_.clear(), vbuf_.clear(), k_.clear(), v_.clear();  // free the old buffers first
+  for (int64_t l = 0; l < model_.num_layers_loaded(); ++l) {
+    // Zeros, not empty: the invariant of target_cache.h starts here.
+    kbuf_.push_back(at::zeros({rows, capacity, c.num_key_value_heads, c.head_dim}, opt));
+    vbuf_.push_back(at::zeros({rows, capacity, c.num_key_value_heads, c.head_dim}, opt));
+  }
+  ++allocations_;
+}
+
+void TargetCache::reset(int64_t rows, int64_t capacity) {
   c10::InferenceMode guard;
   if (rows < 1 || capacity < 1)
     throw_user("target cache: needs >= 1 row and capacity >= 1, got {} rows of {}", rows, capacity);
-  if (!model.has_lm_head()) throw_user("target cache: the model was loaded without lm_head");
-  const HfConfig& c = model.config();
-  auto opt = at::TensorOptions().dtype(model.dtype()).device(model.device());
-  for (int64_t l = 0; l < model.num_layers_loaded(); ++l) {
-    // Zeros, not empty: the invariant of target_cache.h starts here.
-    k_.push_back(at::zeros({rows, capacity, c.num_key_value_heads, c.head_dim}, opt));
-    v_.push_back(at::zeros({rows, capacity, c.num_key_value_heads, c.head_dim}, opt));
+  const bool fits = !kbuf_.empty() && rows <= kbuf_.front().size(0) && capacity <= kbuf_.front().size(1);
+  if (!fits) {
+    allocate(rows, capacity);
+  } else {
+    // The slots in use before the reset hold K/V; the view of the new rows x capacity is zeroed
+    // as a whole (one memset per tensor; slots outside the view are never read).
+    for (size_t l = 0; l < kbuf_.size(); ++l) {
+      kbuf_[l].narrow(0, 0, rows).narrow(1, 0, capacity).zero_();
+      vbuf_[l].narrow(0, 0, rows).narrow(1, 0, capacity).zero_();
+    }
   }
-  if (model.hybrid()) {
-    auto rec = std::make_shared<HybridRecurrentCache>(*model.hybrid(), rows);
+  rows_ = rows, capacity_ = capacity;
+  k_.clear(), v_.clear();
+  for (size_t l = 0; l < kbuf_.size(); ++l) {
+    const bool whole = rows == kbuf_[l].size(0) && capacity == kbuf_[l].size(1);
+    k_.push_back(whole ? kbuf_[l] : kbuf_[l].narrow(0, 0, rows).narrow(1, 0, capacity));
+    v_.push_back(whole ? vbuf_[l] : vbuf_[l].narrow(0, 0, rows).narrow(1, 0, capacity));
+  }
+  len_.assign(rows, 0);
+  rec_.reset();
+  base_.clear(), last_.clear();
+  if (model_.hybrid()) {
+    auto rec = std::make_shared<HybridRecurrentCache>(*model_.hybrid(), rows);
     if (!rec->empty()) rec_ = rec;
     base_.assign(rows, 0);
     last_.assign(rows, {});

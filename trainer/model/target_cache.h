@@ -21,8 +21,15 @@
 // A crop to a length inside the last extend restores the snapshot and replays the kept tokens
 // (one extra pass over them); a crop to before the last extend's start is supported only to 0.
 //
-// Owns: K/V tensors per layer [rows, capacity, nkv, head_dim] in the model's dtype on its
-// device, and the host copy of the lengths. Lifetime: references the TargetModel (must outlive
+// Reuse (the evaluation during training, trainer/eval/live.h): reset() empties the cache for a
+// new batch of up to the allocated rows x capacity without allocating (the K/V buffers are kept
+// and the part in use is zeroed, which restores the invariant); allocations() counts the times
+// the buffers were allocated, so a caller can check that repeated evaluations reuse them. (The
+// recurrent state of linear_attention layers, small, is made anew by each reset.)
+//
+// Owns: K/V buffers per layer [rows, capacity, nkv, head_dim] in the model's dtype on its
+// device (keys()/values() are views of the rows x capacity in use), and the host copy of the
+// lengths. Lifetime: references the TargetModel (must outlive
 // the cache). Thread-safety: none; one thread drives a cache.
 #pragma once
 
@@ -65,6 +72,12 @@ class TargetCache {
   // length(b) == 0 for every row with tokens.
   Step prefill(const std::vector<std::vector<int64_t>>& prompts, Logits logits = Logits::Last);
 
+  // Empties the cache for `rows` rows of up to `capacity` tokens each (capture ids unchanged):
+  // no allocation when both fit the buffers allocated so far, else new buffers of that size.
+  void reset(int64_t rows, int64_t capacity);
+  // Times the K/V buffers were allocated (1 after construction).
+  int64_t allocations() const { return allocations_; }
+
   // Drops row b's tokens at positions >= len (len <= length(b)); their slots are zeroed.
   void crop(int64_t row, int64_t len);
   // crop(b, lens[b]) for every row.
@@ -85,7 +98,10 @@ class TargetCache {
   int64_t rows_, capacity_;
   std::vector<int64_t> capture_ids_;
   std::vector<int64_t> len_;
-  std::vector<at::Tensor> k_, v_;
+  std::vector<at::Tensor> k_, v_;        // views [rows_, capacity_] of the buffers
+  std::vector<at::Tensor> kbuf_, vbuf_;  // [rows, capacity] as allocated
+  int64_t allocations_ = 0;
+  void allocate(int64_t rows, int64_t capacity);
   // linear_attention layers: their states, and what the last extend started from and ran.
   std::shared_ptr<HybridRecurrentCache> rec_;
   std::vector<int64_t> base_;

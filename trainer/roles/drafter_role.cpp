@@ -439,11 +439,12 @@ void run_colocated(const RoleContext& ctx) {
   model::TargetLoadOptions lo;
   lo.num_layers = last_layer + 1;
   lo.lm_head = false;
+  lo = target_load_options(ctx, lo);  // with eval: the full model, shared with the eval (eval_hooks.h)
   const double load_began = now_s();
   model::TargetModel target = model::TargetModel::load(ctx.cfg.target.model_dir, p.target_dtype, p.device, lo);
+  ColocatedEval evc(ctx, target);  // before the trainer: its warm-up is not in the timed steps
   DrafterTrainer trainer(ctx, 0, ctx.rank.id.rank, load_began);
   metrics::Timeline& tl = trainer.timeline();
-  ColocatedEval evc(ctx);
   const Schedule& sched = ctx.rank.schedule;
   const std::vector<int64_t> mine = sched.drafter_batches(0, p.start_batch, p.total_batches);
   for (const int64_t k : mine) {

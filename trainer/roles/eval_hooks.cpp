@@ -42,6 +42,17 @@ int eval_rank(const Config& cfg, const Schedule& s, int world_size) {
   return int(cfg.eval.rank);
 }
 
+bool evaluates(const RoleContext& ctx) {
+  if (eval::LiveEval::eval_steps(ctx.cfg, ctx.plan.start_step, ctx.plan.total_steps).empty()) return false;
+  if (ctx.cfg.layout.colocated) return true;
+  const int r = ctx.rank.id.rank;
+  return ctx.eval_group && ctx.eval_group->contains(r) && ctx.rank.schedule.is_target(r);
+}
+
+model::TargetLoadOptions target_load_options(const RoleContext& ctx, model::TargetLoadOptions training) {
+  return evaluates(ctx) ? eval::LiveEval::target_load_options(training) : training;
+}
+
 EvalLeader::EvalLeader(const RoleContext& ctx)
     : ctx_(ctx), steps_(eval::LiveEval::eval_steps(ctx.cfg, ctx.plan.start_step, ctx.plan.total_steps)) {}
 
@@ -50,7 +61,14 @@ std::optional<eval::LiveResult> EvalLeader::after_step(int64_t done, const model
   ++next_;
   // A normal tensor (not an inference tensor): the all-reduce writes into it in place.
   at::Tensor w = eval::LiveEval::flatten(drafter);
-  return result_of(exchange(ctx_, w, {}, done * ctx_.plan.batches_per_step).back());
+  const double t0 = now_s();
+  auto r = result_of(exchange(ctx_, w, {}, done * ctx_.plan.batches_per_step).back());
+  // What the evaluation cost the drafters: drafter rank 0's wait at the rendezvous (the others
+  // wait for it at the next gradient reduction). Normally the eval rank is there first.
+  const double waited = now_s() - t0;
+  if (waited > 0.1)
+    log::info("eval: drafter rank 0 waited {:.2f} s at the rendezvous of step {} for the eval rank", waited, done);
+  return r;
 }
 
 std::optional<eval::LiveResult> EvalLeader::finish() {
@@ -58,18 +76,29 @@ std::optional<eval::LiveResult> EvalLeader::finish() {
   return result_of(exchange(ctx_, at::Tensor(), {}, ctx_.plan.total_batches).back());
 }
 
-EvalWorker::EvalWorker(const RoleContext& ctx)
+EvalWorker::EvalWorker(const RoleContext& ctx, const model::TargetModel& target)
     : ctx_(ctx), steps_(eval::LiveEval::eval_steps(ctx.cfg, ctx.plan.start_step, ctx.plan.total_steps)) {
-  if (!steps_.empty()) live_ = std::make_unique<eval::LiveEval>(ctx.cfg, ctx.plan.spec, ctx.plan.device, ctx.plan.target_dtype);
+  if (!steps_.empty()) live_ = std::make_unique<eval::LiveEval>(ctx.cfg, ctx.plan.spec, target);
 }
 
 EvalWorker::~EvalWorker() = default;
 
+void EvalWorker::complete(bool in_training) {
+  if (!live_->busy()) return;
+  const double s = live_->complete();
+  const eval::LiveResult& r = live_->result();
+  if (in_training && s > 0.05 * r.wall_s)
+    log::info("eval at step {}: {:.2f} of its {:.2f} s were not done in the target's spare time and ran before the "
+              "next rendezvous (if drafter rank 0 waited there, it says so)", r.step, s, r.wall_s);
+  last_ = r;
+}
+
 void EvalWorker::meet(int64_t step) {
+  complete(true);  // the previous evaluation's result goes back in this exchange
   at::Tensor zeros = at::zeros({eval::LiveEval::flat_size(ctx_.plan.spec)},
                                at::TensorOptions().dtype(ctx_.plan.drafter_dtype).device(ctx_.comm->device()));
   auto v = exchange(ctx_, zeros, last_, step * ctx_.plan.batches_per_step);
-  last_ = live_->run(v.front(), step);
+  live_->begin(v.front(), step);
 }
 
 void EvalWorker::before_batch(int64_t k) {
@@ -77,14 +106,23 @@ void EvalWorker::before_batch(int64_t k) {
   while (next_ < steps_.size() && steps_[next_] <= s) meet(steps_[next_++]);
 }
 
-void EvalWorker::finish() {
-  while (next_ < steps_.size()) meet(steps_[next_++]);
-  if (!steps_.empty()) exchange(ctx_, at::Tensor(), last_, ctx_.plan.total_batches);
+double EvalWorker::use_slack(comm::Handle& send) {
+  double spent = 0;
+  while (live_ && live_->busy() && !send.test()) spent += live_->advance();
+  if (live_ && !live_->busy() && live_->result().step != last_.step) last_ = live_->result();
+  return spent;
 }
 
-ColocatedEval::ColocatedEval(const RoleContext& ctx)
+void EvalWorker::finish() {
+  while (next_ < steps_.size()) meet(steps_[next_++]);
+  if (steps_.empty()) return;
+  complete(false);  // the final drafter's evaluation: after training
+  exchange(ctx_, at::Tensor(), last_, ctx_.plan.total_batches);
+}
+
+ColocatedEval::ColocatedEval(const RoleContext& ctx, const model::TargetModel& target)
     : steps_(eval::LiveEval::eval_steps(ctx.cfg, ctx.plan.start_step, ctx.plan.total_steps)) {
-  if (!steps_.empty()) live_ = std::make_unique<eval::LiveEval>(ctx.cfg, ctx.plan.spec, ctx.plan.device, ctx.plan.target_dtype);
+  if (!steps_.empty()) live_ = std::make_unique<eval::LiveEval>(ctx.cfg, ctx.plan.spec, target);
 }
 
 ColocatedEval::~ColocatedEval() = default;

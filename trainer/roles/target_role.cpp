@@ -20,10 +20,11 @@ void run_target_role(const RoleContext& ctx) {
   model::TargetLoadOptions lo;
   lo.num_layers = last_layer + 1;  // capture stops after the last captured layer
   lo.lm_head = false;
+  lo = target_load_options(ctx, lo);  // the eval rank: the full model, shared with the eval (eval_hooks.h)
   const double t_load = now_s();
   model::TargetModel target = model::TargetModel::load(ctx.cfg.target.model_dir, p.target_dtype, p.device, lo);
   const std::vector<int64_t> mine = sched.target_batches(i, p.start_batch, p.total_batches);
-  log::info("target {}: loaded {} layers of {} in {:.1f} s; {} batches to produce", i, lo.num_layers,
+  log::info("target {}: loaded {} layers of {} in {:.1f} s; {} batches to produce", i, target.num_layers_loaded(),
             ctx.cfg.target.model_dir, now_s() - t_load, mine.size());
 
   const size_t depth = static_cast<size_t>(std::max<int64_t>(1, ctx.cfg.data.prefetch));
@@ -32,7 +33,7 @@ void run_target_role(const RoleContext& ctx) {
     comm::Message msg;  // keeps the tensors alive until the send completes
   };
   std::unique_ptr<EvalWorker> evw;  // the eval rank (eval_hooks.h)
-  if (ctx.eval_group && ctx.eval_group->contains(ctx.rank.id.rank)) evw = std::make_unique<EvalWorker>(ctx);
+  if (ctx.eval_group && ctx.eval_group->contains(ctx.rank.id.rank)) evw = std::make_unique<EvalWorker>(ctx, target);
   std::deque<InFlight> inflight;
   metrics::Timeline tl(p.device);
   double wait_acc = 0;
@@ -57,9 +58,10 @@ void run_target_role(const RoleContext& ctx) {
     tl.drop_before(t1);
     while (inflight.size() >= depth) {
       const double tw = now_s();
+      const double ev = evw ? evw->use_slack(*inflight.front().handle) : 0.0;  // eval steps while the drafters are behind
       inflight.front().handle->wait();
       inflight.pop_front();
-      wait_acc += now_s() - tw;
+      wait_acc += now_s() - tw - ev;
     }
     // Complete sends that are already done (frees memory early; no waiting).
     while (!inflight.empty() && inflight.front().handle->test()) inflight.pop_front();
@@ -71,6 +73,7 @@ void run_target_role(const RoleContext& ctx) {
     if (++sent == depth + 1) ctx.comm->set_timeout(ctx.cfg.comm.timeout_s);
   }
   while (!inflight.empty()) {
+    if (evw) evw->use_slack(*inflight.front().handle);
     inflight.front().handle->wait();
     inflight.pop_front();
   }
