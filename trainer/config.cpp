@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/files.h"
+#include "trainer/config/validate.h"
 
 namespace dflash {
 namespace {
@@ -191,34 +192,12 @@ std::vector<std::string> split(const std::string& s, char sep) {
   return out;
 }
 
-void validate(const Config& c, const std::string& origin) {
-  auto positive = [&](const char* key, int64_t v) {
-    if (v <= 0) throw_user("config {}: key '{}' must be positive, got {}", origin, key, v);
-  };
-  positive("layout.target_ranks", c.layout.target_ranks);
-  positive("layout.drafter_ranks", c.layout.drafter_ranks);
-  positive("drafter.num_layers", c.drafter.num_layers);
-  positive("drafter.num_anchors", c.drafter.num_anchors);
-  positive("drafter.loss_chunk", c.drafter.loss_chunk);
-  positive("data.batch_tokens", c.data.batch_tokens);
-  positive("data.max_seq_len", c.data.max_seq_len);
-  positive("train.grad_accum", c.train.grad_accum);
-  positive("log.interval", c.log.interval);
-  if (c.drafter.block_size < 2)
-    throw_user("config {}: key 'drafter.block_size' must be at least 2, got {}", origin, c.drafter.block_size);
-  if (c.comm.backend != "auto" && c.comm.backend != "nccl" && c.comm.backend != "mpi")
-    throw_user("config {}: key 'comm.backend' must be auto, nccl or mpi, got '{}'", origin, c.comm.backend);
-  if (c.drafter.attention != "sdpa" && c.drafter.attention != "kernel")
-    throw_user("config {}: key 'drafter.attention' must be sdpa or kernel, got '{}'", origin, c.drafter.attention);
-  if (c.comm.timeout_s <= 0 || c.comm.startup_timeout_s <= 0)
-    throw_user("config {}: comm timeouts must be positive", origin);
-}
-
 }  // namespace
 
 Config parse_config(const std::string& yaml_text, const std::string& origin,
                     const std::vector<std::string>& overrides) {
   Config cfg;
+  ConfigOrigin where_from{origin, {}};
   YAML::Node root;
   try {
     root = YAML::Load(yaml_text);
@@ -228,6 +207,7 @@ Config parse_config(const std::string& yaml_text, const std::string& origin,
   }
   if (root && !root.IsNull()) {
     if (!root.IsMap()) throw_user("config {}: expected a mapping at the top level, got {}", origin, describe(root));
+    check_duplicate_keys(root, origin);
     check_keys(origin, "", root, cfg);
     Loader l{origin, "", root};
     cfg.visit(l);
@@ -250,8 +230,9 @@ Config parse_config(const std::string& yaml_text, const std::string& origin,
       throw_user("{}: unknown key '{}'; allowed at the top level: {} (use section.key=value)", where,
                  key, fmt::join(keys_of(cfg), ", "));
     }
+    where_from.overrides[key] = ov;
   }
-  validate(cfg, origin);
+  validate_config(cfg, where_from);
   return cfg;
 }
 
