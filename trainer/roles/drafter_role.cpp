@@ -8,13 +8,16 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "comm/preempt.h"
 #include "core/device.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "trainer/checkpoint/checkpoint.h"
+#include "trainer/config/identity.h"
 #include "core/files.h"
 #include "trainer/model/export.h"
 #include "trainer/model/target.h"
+#include "trainer/roles/preempt.h"
 #include "trainer/roles/roles.h"
 
 
@@ -35,6 +38,7 @@ enum Stat {
   kCompute,      // Σ drafter forward+backward seconds
   kBatches,
   kFlops,
+  kStop,         // Σ stop flags (signalled ranks, preempt.h)
   kNumStats
 };
 using Stats = std::array<double, kNumStats>;
@@ -115,6 +119,12 @@ struct DrafterTrainer::Impl {
   double interval_start = 0, run_start = 0;
   int64_t last_state = -1;
   double last_lr = 0, last_gnorm = 0;
+  int64_t lag = 1, stop_after = -1;  // preempt.h
+  struct ControlSend {
+    comm::HandlePtr handle;
+    comm::Message msg;  // keeps the tensor alive until the send completes
+  };
+  std::deque<ControlSend> controls;
 
   Impl(const RoleContext& c, int64_t jj, int wr) : ctx(c), p(c.plan), cfg(c.cfg), j(jj), world_rank(wr) {}
   bool leader() const { return j == 0; }
@@ -155,6 +165,7 @@ DrafterTrainer::DrafterTrainer(const RoleContext& ctx, int64_t drafter_index, in
   log::info("drafter {}: {} parameters ({} layers, block {}, target layers [{}]) ready in {:.1f} s; steps {}..{} of {}",
             m.j, n_params, p.spec.num_layers, p.spec.block_size, fmt::join(p.layer_ids, ", "), now_s() - t0,
             p.start_step, p.total_steps, p.total_steps);
+  m.lag = stop_lag(m.cfg, p);
   m.run_start = m.interval_start = now_s();
 }
 
@@ -168,8 +179,13 @@ void DrafterTrainer::train_batch(int64_t k, const at::Tensor& ids, const at::Ten
   model::DrafterBatch db = make_rows(ids, loss_mask, cu_seqlens, features, m.cfg.data.max_seq_len);
   db.global_batch_index = k;
   model::StepOutput out = m.drafter->forward(db, m.sopt);
-  if (!std::isfinite(out.loss_value))
-    throw std::runtime_error(fmt::format("drafter {}: the loss of batch {} is {}", m.j, k, out.loss_value));
+  if (!std::isfinite(out.loss_value)) {
+    const int64_t s = k / m.p.batches_per_step;
+    throw_user("drafter {}: the loss is {} at step {} (batch {}); likely causes: train.lr {:g} too high (this "
+               "step's rate {:g}), bad data in batch {}, or NaN weights in the target or drafter.init_from; the "
+               "run stops: resume from the last state with a lower train.lr",
+               m.j, out.loss_value, s + 1, k, m.cfg.train.lr, m.sched.at(s), k);
+  }
   (out.loss / static_cast<double>(m.p.grad_accum)).backward();
   Stats& s = m.step;
   s[kLossSum] += out.loss_value;
@@ -184,6 +200,7 @@ void DrafterTrainer::train_batch(int64_t k, const at::Tensor& ids, const at::Ten
   s[kTargetWait] += ts.wait_s;
   s[kDrafterWait] += wait_s;
   s[kBatches] += 1;
+  s[kStop] += ts.stop;
   // Useful FLOPs: per row, with the draft positions shared out in proportion to row lengths.
   const double q_per_token = static_cast<double>(out.n_blocks * m.p.spec.block_size) / std::max<int64_t>(1, ids.numel());
   for (const auto& bounds : db.docs) {
@@ -196,9 +213,10 @@ void DrafterTrainer::train_batch(int64_t k, const at::Tensor& ids, const at::Ten
   s[kCompute] += now_s() - t0;
 }
 
-void DrafterTrainer::finish_step(int64_t s) {
+bool DrafterTrainer::finish_step(int64_t s) {
   Impl& m = *impl_;
   const RunPlan& p = m.p;
+  if (comm::preemption_requested()) m.step[kStop] += 1;
   // Gradients: average over the drafter group (each rank's are already the mean over its
   // grad_accum batches, so the result is the mean over the step's G batches).
   if (m.ctx.comm && p.drafter_ranks > 1) {
@@ -216,17 +234,44 @@ void DrafterTrainer::finish_step(int64_t s) {
   }
   m.last_lr = m.sched.at(s);
   m.last_gnorm = m.opt->step(m.last_lr, m.cfg.train.grad_clip);
+  if (!std::isfinite(m.last_gnorm))
+    throw_user("drafter {}: the gradient norm is {} at step {} (batches {}..{}); likely causes: train.lr {:g} too "
+               "high (this step's rate {:g}) or bad data; the run stops: resume from the last state with a lower "
+               "train.lr",
+               m.j, m.last_gnorm, s + 1, s * p.batches_per_step, (s + 1) * p.batches_per_step - 1, m.cfg.train.lr,
+               m.last_lr);
   m.opt->zero_grad();
   const int64_t done = s + 1;
   if (s == p.start_step && m.ctx.comm) m.ctx.comm->set_timeout(m.cfg.comm.timeout_s);
+
+  // Preemption (preempt.h): every drafter saw the same sum of stop flags.
+  const bool last = done == p.total_steps;
+  if (m.step[kStop] > 0 && m.stop_after < 0) {
+    m.stop_after = std::min(p.total_steps - 1, s + m.lag - 1);
+    if (m.leader())
+      log::warn("preemption: a rank was signalled; stopping after step {} (the batches in flight are trained), "
+                "then writing a state and exiting with code {}",
+                m.stop_after + 1, comm::kExitPreempted);
+  }
+  if (m.leader() && m.ctx.comm && !p.colocated) {
+    while (!m.controls.empty() && m.controls.front().handle->test()) m.controls.pop_front();
+    comm::Message cm;
+    cm.kind = kControlMessage;
+    cm.batch = s;
+    cm.tensors = {at::tensor({s, m.stop_after}, at::kLong).to(m.ctx.comm->device())};
+    for (int64_t i = 0; i < p.target_ranks; ++i) {
+      const int t = m.ctx.rank.schedule.target_rank(i);
+      m.controls.push_back({m.ctx.comm->isend(t, cm), cm});
+    }
+  }
+  const bool stopping = m.stop_after == s && !last;
 
   for (int i = 0; i < kNumStats; ++i) m.interval[i] += m.step[i];
   m.interval_loss += m.step[kLossSum] / std::max(1.0, m.step[kBatches]);
   ++m.interval_steps;
   m.step.fill(0.0);
 
-  const bool last = done == p.total_steps;
-  if (m.cfg.log.interval > 0 && (done % m.cfg.log.interval == 0 || last)) {
+  if (m.cfg.log.interval > 0 && (done % m.cfg.log.interval == 0 || last || stopping)) {
     const double t = now_s(), wall = std::max(1e-9, t - m.interval_start);
     const Stats& a = m.interval;
     metrics::StepMetrics mm;
@@ -254,7 +299,7 @@ void DrafterTrainer::finish_step(int64_t s) {
   }
 
   const auto& ck = m.cfg.checkpoint;
-  if (ck.state_every > 0 && (done % ck.state_every == 0 || last)) {
+  if ((ck.state_every > 0 && (done % ck.state_every == 0 || last)) || stopping) {
     const std::string tmp = ckpt::state_tmp_dir(m.cfg.run.dir, done);
     ckpt::write_rank_state(tmp, m.world_rank, done, m.leader() ? m.opt.get() : nullptr);
     if (m.ctx.comm && p.drafter_ranks > 1) m.ctx.comm->barrier(m.ctx.drafter_group.get());
@@ -264,6 +309,7 @@ void DrafterTrainer::finish_step(int64_t s) {
       meta.next_batch = done * p.batches_per_step;
       meta.total_steps = p.total_steps;
       meta.sig = p.signature;
+      meta.config_hash = identity_hash(m.cfg);
       for (int64_t jj = 0; jj < p.drafter_ranks; ++jj)
         meta.files.push_back(ckpt::rank_file(m.ctx.rank.schedule.drafter_rank(jj)));
       meta.files.push_back(ckpt::kOptimizerFile);
@@ -277,6 +323,17 @@ void DrafterTrainer::finish_step(int64_t s) {
     files::make_dirs(m.cfg.run.dir + "/exports");
     model::export_drafter(*m.drafter, ckpt::export_dir(m.cfg.run.dir, done));
     m.mlog->announce(fmt::format("step {}: drafter exported to {}", done, ckpt::export_dir(m.cfg.run.dir, done)));
+  }
+  return stopping;
+}
+
+int64_t DrafterTrainer::stop_after() const { return impl_->stop_after; }
+
+void DrafterTrainer::finish_controls() {
+  Impl& m = *impl_;
+  while (!m.controls.empty()) {
+    m.controls.front().handle->wait();
+    m.controls.pop_front();
   }
 }
 
@@ -306,7 +363,9 @@ void run_drafter_role(const RoleContext& ctx) {
   std::deque<Pending> pending;
   size_t next = 0;
   auto post = [&] {
-    while (pending.size() < depth && next < mine.size()) {
+    // never past the last step of a signalled run: those batches are not produced (preempt.h)
+    const int64_t end = trainer.stop_after() < 0 ? p.total_batches : (trainer.stop_after() + 1) * p.batches_per_step;
+    while (pending.size() < depth && next < mine.size() && mine[next] < end) {
       const int64_t k = mine[next++];
       pending.push_back({k, ctx.comm->irecv(ctx.rank.schedule.source_rank(k), k)});
     }
@@ -326,11 +385,18 @@ void run_drafter_role(const RoleContext& ctx) {
                                           j, k, kNumBatchTensors, comm::name_rank(ctx.rank.schedule.source_rank(k)),
                                           msg.kind, msg.batch, msg.tensors.size()));
       at::Tensor st = msg.tensors[4].to(at::kCPU, at::kDouble);
-      TargetStats ts{st[0].item<double>(), st[1].item<double>(), st[2].item<double>()};
+      TargetStats ts{st[0].item<double>(), st[1].item<double>(), st[2].item<double>(),
+                     st.numel() > 3 ? st[3].item<double>() : 0.0};
       trainer.train_batch(k, msg.tensors[0], msg.tensors[1], msg.tensors[2], msg.tensors[3], ts, wait);
     }
-    trainer.finish_step(s);
+    if (trainer.finish_step(s)) {
+      DFLASH_CHECK(pending.empty(), "drafter {}: {} receives pending at the stop after step {}", j, pending.size(), s + 1);
+      trainer.finish_controls();
+      comm::mark_preempted(s + 1);
+      return;
+    }
   }
+  trainer.finish_controls();
   trainer.finish_run();
 }
 
@@ -356,7 +422,10 @@ void run_colocated(const RoleContext& ctx) {
       trainer.train_batch(k, ids, b.loss_mask.to(p.device), cu, features,
                           TargetStats{static_cast<double>(b.num_tokens()), busy, 0.0}, 0.0);
     }
-    trainer.finish_step(s);
+    if (trainer.finish_step(s)) {
+      comm::mark_preempted(s + 1);
+      return;
+    }
   }
   trainer.finish_run();
 }

@@ -28,7 +28,8 @@ namespace dflash::roles {
 // Message kinds on the target -> drafter stream.
 constexpr int32_t kBatchMessage = 1;
 // A batch message carries: ids [T] int64, loss_mask [T] uint8, cu_seqlens [n+1] int64,
-// features [T, K*H], stats [3] float64 = {tokens, target busy seconds, target wait seconds}.
+// features [T, K*H], stats [4] float64 = {tokens, target busy seconds, target wait seconds, 1 if the
+// target was signalled to stop (roles/preempt.h) else 0}.
 constexpr int kNumBatchTensors = 5;
 
 struct RunPlan {

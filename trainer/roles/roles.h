@@ -44,6 +44,7 @@ inline double now_s() {
 // What a target reports with each batch.
 struct TargetStats {
   double tokens = 0, busy_s = 0, wait_s = 0;
+  double stop = 0;  // 1: the target was signalled to stop (preempt.h)
 };
 
 // The drafter side of training: model, optimizer, per-step reduction, metrics, checkpoints.
@@ -57,8 +58,13 @@ class DrafterTrainer {
   void train_batch(int64_t k, const at::Tensor& ids, const at::Tensor& loss_mask, const at::Tensor& cu_seqlens,
                    const at::Tensor& features, const TargetStats& ts, double wait_s);
   // Closes optimizer step s (0-based): reduce over the drafter group, clip, AdamW, metrics,
-  // state and export when due.
-  void finish_step(int64_t s);
+  // state and export when due; drafter 0 sends the step's control message to the targets
+  // (preempt.h). Returns true if the run stops after this step (preemption: state written).
+  bool finish_step(int64_t s);
+  // -1, or the last step (0-based) of a signalled run (preempt.h).
+  int64_t stop_after() const;
+  // Waits for drafter 0's control sends (call once, after the last step).
+  void finish_controls();
   // The final export (exports/final) and, if not just written, the final state.
   void finish_run();
 

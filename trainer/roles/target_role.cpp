@@ -5,10 +5,12 @@
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
+#include "comm/preempt.h"
 #include "core/device.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "trainer/model/target.h"
+#include "trainer/roles/preempt.h"
 #include "trainer/roles/roles.h"
 
 namespace dflash::roles {
@@ -35,7 +37,11 @@ void run_target_role(const RoleContext& ctx) {
   std::deque<InFlight> inflight;
   double wait_acc = 0;
   size_t sent = 0;
+  // Preemption (preempt.h): drafter 0's control messages tell where a signalled run stops.
+  ControlReader control(*ctx.comm, ctx.rank.schedule.drafter_rank(0), p, stop_lag(ctx.cfg, p));
   for (int64_t k = first_k; k < p.total_batches; k += T) {
+    control.before_step(k / p.batches_per_step);
+    if (control.stop_after() >= 0 && k >= (control.stop_after() + 1) * p.batches_per_step) break;
     const double t0 = now_s();
     data::Batch b = p.data->batch(k);
     comm::Message msg;
@@ -57,7 +63,8 @@ void run_target_role(const RoleContext& ctx) {
     }
     // Complete sends that are already done (frees memory early; no waiting).
     while (!inflight.empty() && inflight.front().handle->test()) inflight.pop_front();
-    at::Tensor stats = at::tensor({static_cast<double>(b.num_tokens()), busy, wait_acc}, at::kDouble).to(p.device);
+    const double stop = comm::preemption_requested() ? 1.0 : 0.0;  // stats[3]: this target was signalled
+    at::Tensor stats = at::tensor({static_cast<double>(b.num_tokens()), busy, wait_acc, stop}, at::kDouble).to(p.device);
     msg.tensors.push_back(stats);
     wait_acc = 0;
     const int dest = ctx.rank.schedule.dest_rank(k);
@@ -68,6 +75,12 @@ void run_target_role(const RoleContext& ctx) {
   while (!inflight.empty()) {
     inflight.front().handle->wait();
     inflight.pop_front();
+  }
+  control.drain();
+  if (control.stop_after() >= 0 && control.stop_after() + 1 < p.total_steps) {
+    comm::mark_preempted(control.stop_after() + 1);
+    log::info("target {}: stopped after step {} (preemption)", i, control.stop_after() + 1);
+    return;
   }
   log::info("target {}: all batches sent", i);
 }

@@ -12,10 +12,12 @@
 
 #include "comm/communicator.h"
 #include "comm/check.h"
+#include "comm/preempt.h"
 #include "core/error.h"
 #include "comm/identity.h"
 #include "core/log.h"
 #include "trainer/roles/roles.h"
+#include "trainer/roles/run_dir.h"
 
 namespace dflash {
 namespace {
@@ -27,8 +29,10 @@ std::optional<roles::RunPlan> plan_on_every_rank(const Config& cfg, const comm::
                                                  int* exit_code) {
   std::optional<roles::RunPlan> plan;
   std::string error;
+  roles::RunDirDecision run_dir;
   try {
-    plan = roles::make_plan(cfg, ctx.schedule, ctx.id.world_size, ctx.id.gpu, resume);
+    run_dir = roles::inspect_run_dir(cfg, resume);  // reads only; may turn into an auto-resume
+    plan = roles::make_plan(cfg, ctx.schedule, ctx.id.world_size, ctx.id.gpu, run_dir.resume);
   } catch (const UserError& e) {
     if (!comm::mpi_active() || ctx.id.world_size == 1) throw;
     error = e.what();
@@ -49,12 +53,35 @@ std::optional<roles::RunPlan> plan_on_every_rank(const Config& cfg, const comm::
       return std::nullopt;
     }
   }
+  // Every rank accepted the run: world rank 0 claims and prepares run.dir (roles/run_dir.h), the
+  // others wait for its verdict before anything writes there.
+  std::string dir_error;
+  if (ctx.id.rank == 0) {
+    try {
+      roles::prepare_run_dir(cfg, run_dir, *plan);
+    } catch (const UserError& e) {
+      if (!comm::mpi_active() || ctx.id.world_size == 1) throw;
+      dir_error = e.what();
+    }
+  }
+  if (comm::mpi_active() && ctx.id.world_size > 1) {
+    int failed = dir_error.empty() ? 0 : 1;
+    DFLASH_CHECK_MPI(MPI_Bcast(&failed, 1, MPI_INT, 0, MPI_COMM_WORLD));
+    if (failed) {
+      if (!dir_error.empty()) log::error("{}", dir_error);
+      else log::error("rank 0 could not prepare run.dir {} (see its message)", cfg.run.dir);
+      *exit_code = kExitUser;
+      return std::nullopt;
+    }
+  }
   return plan;
 }
 
 }  // namespace
 
 int run_training(const Config& cfg, const comm::RankContext& ctx, bool resume) {
+  // From here on SIGTERM/SIGUSR1 ask for a state and exit 4 (comm/preempt.h, roles/preempt.h).
+  comm::arm_preemption(cfg.comm.timeout_s);
   // CPU threads: share the cores among the ranks of this node (the CPU demo runs 4 ranks on 2).
   if (ctx.id.gpu < 0) {
     int threads = static_cast<int>(cfg.run.cpu_threads);
@@ -73,10 +100,17 @@ int run_training(const Config& cfg, const comm::RankContext& ctx, bool resume) {
               p.drafter_ranks, p.grad_accum, p.start_step, p.total_steps, p.data->num_docs(), p.data->num_tokens(),
               fmt::join(p.layer_ids, ", "), p.resume ? fmt::format(", resuming from {}", p.resume_dir) : "");
 
+  auto outcome = [&] {
+    if (comm::preempted_at() < 0) return kExitOk;
+    log::warn("preempted: stopped after step {} with its state in {}; exit code {} (launch again with the same "
+              "config to resume)",
+              comm::preempted_at(), ckpt::checkpoints_dir(cfg.run.dir), comm::kExitPreempted);
+    return comm::kExitPreempted;
+  };
   if (p.colocated) {
     roles::RoleContext rc_ctx{cfg, ctx, p, nullptr, nullptr};
     roles::run_colocated(rc_ctx);
-    return kExitOk;
+    return outcome();
   }
   comm::CommOptions co;
   co.backend = cfg.comm.backend;
@@ -89,7 +123,7 @@ int run_training(const Config& cfg, const comm::RankContext& ctx, bool resume) {
     roles::run_target_role(role);
   else
     roles::run_drafter_role(role);
-  return kExitOk;
+  return outcome();
 }
 
 }  // namespace dflash
