@@ -255,10 +255,9 @@ bool DrafterTrainer::finish_step(int64_t s) {
   }
   if (m.leader() && m.ctx.comm && !p.colocated) {
     while (!m.controls.empty() && m.controls.front().handle->test()) m.controls.pop_front();
-    comm::Message cm;
-    cm.kind = kControlMessage;
+    comm::Message cm;  // header only (preempt.h)
+    cm.kind = m.stop_after >= 0 ? kControlStop : kControlContinue;
     cm.batch = s;
-    cm.tensors = {at::tensor({s, m.stop_after}, at::kLong).to(m.ctx.comm->device())};
     for (int64_t i = 0; i < p.target_ranks; ++i) {
       const int t = m.ctx.rank.schedule.target_rank(i);
       m.controls.push_back({m.ctx.comm->isend(t, cm), cm});

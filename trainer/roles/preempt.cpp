@@ -3,7 +3,6 @@
 
 #include <algorithm>
 
-#include <ATen/ATen.h>
 #include <fmt/format.h>
 
 #include "core/error.h"
@@ -20,14 +19,12 @@ ControlReader::ControlReader(comm::Communicator& c, int leader_rank, const RunPl
 
 void ControlReader::take_next() {
   comm::Message m = comm_.recv(leader_, next_);
-  if (m.kind != kControlMessage || m.batch != next_ || m.tensors.size() != 1 || m.tensors[0].numel() != 2)
+  if ((m.kind != kControlContinue && m.kind != kControlStop) || m.batch != next_ || !m.tensors.empty())
     throw CommError(fmt::format("expected control message {} from {}, got kind {} batch {} with {} tensors", next_,
                                 comm::name_rank(leader_), m.kind, m.batch, m.tensors.size()));
-  at::Tensor t = m.tensors[0].to(at::kCPU, at::kLong);
-  const int64_t stop = t[1].item<int64_t>();
-  if (stop >= 0 && stop_after_ < 0) {
-    stop_after_ = stop;
-    log::info("preemption: the drafters stop after step {}; producing its batches, then exiting", stop + 1);
+  if (m.kind == kControlStop && stop_after_ < 0) {
+    stop_after_ = std::min(p_.total_steps - 1, next_ + lag_ - 1);  // as the drafters computed it
+    log::info("preemption: the drafters stop after step {}; producing its batches, then exiting", stop_after_ + 1);
   }
   ++next_;
 }

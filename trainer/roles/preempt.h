@@ -9,7 +9,7 @@
 //   - The first step s whose sum is non-zero fixes stop_after = min(s + L - 1, last step), with
 //     the lag L = data.prefetch + 2 (1 in a colocated run): the targets may already have
 //     produced batches up to step s + L - 1, and these are trained, not dropped.
-//   - After every step s, drafter 0 sends each target a control message {s, stop_after}. A
+//   - After every step s, drafter 0 sends each target a control message (continue / stop). A
 //     target takes control s before it produces a batch of step s + L (so it learns a stop
 //     before producing anything past it), then stops after the batches of stop_after, and at
 //     the end takes the remaining controls so that every send completes. The lag also keeps
@@ -29,8 +29,13 @@
 
 namespace dflash::roles {
 
-// Message kind of drafter 0 -> target control messages: tensors {int64 [2] = {step, stop_after}}.
-constexpr int32_t kControlMessage = 2;
+// Kinds of drafter 0 -> target control messages: header only (no tensors), batch = the step s.
+// kControlStop: a stop was decided at step s, so stop_after = min(s + L - 1, last step).
+// Header-only keeps them inside NCCL's send buffers: at most L of them are outstanding per
+// target (it takes control s before step s + L), so drafter 0's p2p stream never blocks on
+// a control send behind which its batch receives would wait (docs/comm.md "Preemption").
+constexpr int32_t kControlContinue = 2;
+constexpr int32_t kControlStop = 3;
 
 int64_t stop_lag(const Config& cfg, const RunPlan& p);
 

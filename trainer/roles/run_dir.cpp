@@ -275,7 +275,11 @@ void prepare_run_dir(const Config& cfg, const RunDirDecision& d, const RunPlan& 
       kFormat, kVersion, json::quote(r.run_id), json::quote(r.config_hash), json::quote(r.code_version),
       json::quote(r.created), fmt::join(hist, ",\n"), json::quote(r.config_yaml));
   files::write_file_atomic(path_of(cfg, kRunFile), text);
-  if (d.kind == K::AutoResume)
+  if (d.kind == K::AutoResume && plan.start_step >= plan.total_steps)
+    log::info("auto-resume: {} holds the final state of this run (run {}, step {} of {}): nothing to train, the "
+              "final export is written again (run.overwrite=true starts over)",
+              dir, r.run_id, plan.start_step, plan.total_steps);
+  else if (d.kind == K::AutoResume)
     log::info("auto-resume: {} holds a state of this run (run {}, same config); resuming from {} (run.overwrite=true "
               "starts over)",
               dir, r.run_id, plan.resume_dir);
