@@ -13,7 +13,8 @@ BUILD=$(realpath "${1:?usage: preempt.sh BUILD_DIR OUT_DIR}")
 OUT=${2:?usage: preempt.sh BUILD_DIR OUT_DIR}
 mkdir -p "$OUT"; OUT=$(realpath "$OUT")
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$ROOT"
+cd "$ROOT" || exit 1
+# shellcheck source=tools/mpi_env.sh
 source tools/mpi_env.sh
 export NCCL_NVLS_ENABLE=0
 PY=${DFLASH_PYTHON:-python3}
