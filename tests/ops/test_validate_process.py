@@ -207,3 +207,4 @@ def test_nan_target_weight_names_file_and_tensor(assets, tmp_path):
     # the directory is free again: the same run with the good target trains
     p = oc.run_rank(colocated(target, data, run_dir), cwd=str(cwd))
     assert p.returncode == 0, p.all[-3000:]
+

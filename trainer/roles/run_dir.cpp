@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -90,7 +91,8 @@ bool signature_key(const std::string& k) {
 }
 
 bool has_run_content(const Config& cfg) {
-  if (files::exists(path_of(cfg, "metrics.jsonl"))) return true;
+  struct stat st {};
+  if (::stat(path_of(cfg, "metrics.jsonl").c_str(), &st) == 0 && st.st_size > 0) return true;  // empty: no step yet
   for (const char* sub : {"checkpoints", "exports"})
     if (!files::list_dir(path_of(cfg, sub)).empty()) return true;
   return false;
