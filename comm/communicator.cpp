@@ -181,7 +181,8 @@ HandlePtr Communicator::irecv(int peer, int64_t expected_batch) {
   return std::make_unique<LoopbackRecv>(std::move(m));
 }
 
-std::unique_ptr<Communicator> make_communicator(const CommOptions& opt, const Identity& id) {
+std::unique_ptr<Communicator> make_communicator(const CommOptions& opt, const Identity& id,
+                                                [[maybe_unused]] std::shared_ptr<Store> store) {
   std::string b = opt.backend;
   if (b != "auto" && b != "nccl" && b != "mpi")
     throw_user("comm.backend '{}' is not one of: auto, nccl, mpi", b);
@@ -190,7 +191,7 @@ std::unique_ptr<Communicator> make_communicator(const CommOptions& opt, const Id
   if (b == "nccl") {
 #ifdef DFLASH_CUDA
     if (id.gpu < 0) throw_user("comm.backend=nccl needs a GPU, but this rank sees no CUDA device");
-    c = make_nccl_communicator(id, opt.startup_timeout_s);
+    c = make_nccl_communicator(id, opt.startup_timeout_s, std::move(store));
 #else
     throw_user("comm.backend=nccl: this dflash was built without CUDA (use comm.backend=mpi)");
 #endif

@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "comm/identity.h"
+#include "comm/store.h"
 #include "comm/watchdog.h"
 
 namespace dflash::comm {
@@ -157,12 +158,16 @@ struct CommOptions {
 // The communicator of this run. auto: NCCL when this rank has a GPU, MPI otherwise. MPI needs
 // an MPI launch (mpirun, srun --mpi=pmix) unless the world is one process. Collective: every
 // rank calls it. UserError for a backend this build or launch cannot provide.
-std::unique_ptr<Communicator> make_communicator(const CommOptions& opt, const Identity& id);
+// `store`: the run's start-up store (comm/store.h startup_store()), if one is open already;
+// NCCL without MPI exchanges its unique id through it (else it opens its own).
+std::unique_ptr<Communicator> make_communicator(const CommOptions& opt, const Identity& id,
+                                                std::shared_ptr<Store> store = nullptr);
 
 // Backend constructors (make_communicator picks one).
 std::unique_ptr<Communicator> make_mpi_communicator(const Identity& id, double startup_timeout_s);
 #ifdef DFLASH_CUDA
-std::unique_ptr<Communicator> make_nccl_communicator(const Identity& id, double startup_timeout_s);
+std::unique_ptr<Communicator> make_nccl_communicator(const Identity& id, double startup_timeout_s,
+                                                     std::shared_ptr<Store> store = nullptr);
 #endif
 
 }  // namespace dflash::comm

@@ -113,7 +113,7 @@ struct SendState {
 
 class NcclCommunicator : public Communicator {
  public:
-  NcclCommunicator(const Identity& id, double startup_timeout_s);
+  NcclCommunicator(const Identity& id, double startup_timeout_s, std::shared_ptr<Store> store);
   ~NcclCommunicator() override;
 
   at::Device device() const override { return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(gpu_)); }
@@ -156,7 +156,7 @@ class NcclCommunicator : public Communicator {
   std::atomic<bool> aborted_{false};
   std::string abort_reason_;
   int abort_id_ = -1;
-  std::unique_ptr<Store> store_;  // kept while the communicator lives (rank 0 serves it)
+  std::shared_ptr<Store> store_;  // the run's start-up store, or our own; kept while we live
   std::deque<std::shared_ptr<RecvState>> recvs_;  // pending receives, in irecv order
   bool in_progress_ = false;
   std::deque<std::shared_ptr<SendState>> sends_;
@@ -204,11 +204,12 @@ ncclConfig_t nonblocking_config() {
   return cfg;
 }
 
-NcclCommunicator::NcclCommunicator(const Identity& id, double startup_timeout_s)
+NcclCommunicator::NcclCommunicator(const Identity& id, double startup_timeout_s, std::shared_ptr<Store> store)
     : Communicator(id.rank, id.world_size, startup_timeout_s),
       gpu_(id.gpu),
       stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, static_cast<c10::DeviceIndex>(id.gpu))),
-      coll_stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, static_cast<c10::DeviceIndex>(id.gpu))) {
+      coll_stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, static_cast<c10::DeviceIndex>(id.gpu))),
+      store_(std::move(store)) {
   c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(gpu_));
   try {
     init(id, startup_timeout_s);
@@ -226,7 +227,7 @@ void NcclCommunicator::init(const Identity& id, double startup_timeout_s) {
     BlockedOn b("MPI_Bcast of the ncclUniqueId (start-up)", 0, kNoBatch, startup_timeout_s);
     DFLASH_CHECK_MPI(MPI_Bcast(&uid, sizeof(uid), MPI_BYTE, 0, MPI_COMM_WORLD));
   } else if (world_ > 1) {
-    store_ = make_store(id, startup_timeout_s);
+    if (!store_) store_ = make_store(id, startup_timeout_s);
     rendezvous(*store_, "nccl", rank_, world_, fmt::format("{} gpu {}", id.host, gpu_), startup_timeout_s);
     if (rank_ == 0) {
       store_->set("nccl/unique_id", std::vector<uint8_t>(reinterpret_cast<uint8_t*>(&uid),
@@ -555,8 +556,9 @@ void NcclCommunicator::barrier(Group* group) {
 
 }  // namespace
 
-std::unique_ptr<Communicator> make_nccl_communicator(const Identity& id, double startup_timeout_s) {
-  return std::make_unique<NcclCommunicator>(id, startup_timeout_s);
+std::unique_ptr<Communicator> make_nccl_communicator(const Identity& id, double startup_timeout_s,
+                                                     std::shared_ptr<Store> store) {
+  return std::make_unique<NcclCommunicator>(id, startup_timeout_s, std::move(store));
 }
 
 }  // namespace dflash::comm

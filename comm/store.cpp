@@ -199,6 +199,11 @@ std::unique_ptr<Store> make_store(const Identity& id, double timeout_s) {
   return std::make_unique<TcpStore>(id.master_addr, id.master_port, server, timeout_s, prefix);
 }
 
+std::shared_ptr<Store> startup_store(const Identity& id, double timeout_s) {
+  if (id.world_size == 1 || id.source == Source::Mpi) return nullptr;
+  return make_store(id, timeout_s);
+}
+
 // ---- rendezvous -----------------------------------------------------------------------------
 std::vector<std::string> rendezvous(Store& store, const std::string& tag, int rank, int world_size,
                                     const std::string& info, double timeout_s) {
@@ -241,6 +246,18 @@ std::vector<std::string> rendezvous(Store& store, const std::string& tag, int ra
   }
   store.set_string(all_key, joined);
   return infos;
+}
+
+void sign_off(Store& store, const std::string& tag, int rank, int world_size, double timeout_s) {
+  const std::string key = fmt::format("{}/done", tag);
+  store.add(key, 1);
+  if (rank != 0) return;
+  auto deadline = deadline_after(timeout_s);
+  while (store.add(key, 0) < world_size) {
+    if (Clock::now() > deadline)
+      throw CommError(fmt::format("{}: not every rank read the rendezvous result within {:.0f} s", tag, timeout_s));
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
 }
 
 }  // namespace dflash::comm

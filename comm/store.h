@@ -75,11 +75,22 @@ class TcpStore : public Store {
 // unless the torchrun agent does). UserError naming MASTER_ADDR/MASTER_PORT when absent.
 std::unique_ptr<Store> make_store(const Identity& id, double timeout_s);
 
+// The one store of a run's start-up: make_store() for a launch without MPI of more than one
+// rank, else none (MPI brings its own rendezvous). The start-up agreement (comm/agree.h) and
+// the NCCL communicator share it, so that rank 0 serves one store on MASTER_PORT for the
+// whole run.
+std::shared_ptr<Store> startup_store(const Identity& id, double timeout_s);
+
 // Every rank registers `info` under `tag`; rank 0 waits up to timeout_s for all, then
 // publishes the list; the others wait for it. Returns every rank's info (index = rank).
 // CommError on rank 0: "rendezvous 'tag': ranks 2, 5 of 8 did not arrive within 30 s";
 // on the others: "rendezvous 'tag': rank 0 did not complete it within 30 s".
 std::vector<std::string> rendezvous(Store& store, const std::string& tag, int rank, int world_size,
                                     const std::string& info, double timeout_s);
+
+// After an exchange under `tag` (a rendezvous): every rank signs off, and rank 0 (which may
+// serve the store) waits up to timeout_s until all world_size ranks have, so that it never
+// takes the store down under a rank that is still reading. CommError on rank 0 on expiry.
+void sign_off(Store& store, const std::string& tag, int rank, int world_size, double timeout_s);
 
 }  // namespace dflash::comm

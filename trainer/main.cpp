@@ -9,9 +9,11 @@
 
 #include "core/error.h"
 #include "core/log.h"
-#include "comm/selftest.h"
 #include "comm/watchdog.h"
+#include "comm/whoami.h"
 #include "trainer/config.h"
+#include "trainer/roles/comm_check.h"
+#include "trainer/roles/startup.h"
 #include "trainer/roles/training.h"
 
 namespace {
@@ -64,20 +66,6 @@ Args parse_args(int argc, char** argv) {
   return a;
 }
 
-dflash::comm::LaunchOptions launch_options(const dflash::Config& cfg) {
-  dflash::comm::LaunchOptions o;
-  o.comm = {cfg.comm.backend, cfg.comm.timeout_s, cfg.comm.startup_timeout_s};
-  o.target_ranks = cfg.layout.target_ranks;
-  o.drafter_ranks = cfg.layout.drafter_ranks;
-  o.colocated = cfg.layout.colocated;
-  o.log_level = cfg.log.level;
-  o.console_rank = cfg.log.console_rank;
-  o.per_rank_files = cfg.log.per_rank_files;
-  o.run_dir = cfg.run.dir;
-  o.seed = cfg.run.seed;
-  return o;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -88,11 +76,10 @@ int main(int argc, char** argv) {
       std::fputs(dflash::to_yaml(cfg).c_str(), stdout);
       return dflash::kExitOk;
     }
-    dflash::comm::LaunchOptions launch = launch_options(cfg);
-    auto rank = dflash::comm::start_rank(launch, /*check_layout=*/!args.whoami);
+    auto rank = dflash::roles::start_rank(cfg, /*check_layout=*/!args.whoami);
     int rc = dflash::kExitOk;
-    if (args.whoami) rc = dflash::comm::run_whoami(rank, launch);
-    else if (args.comm_check >= 0) rc = dflash::comm::run_comm_check(rank, launch, args.comm_check);
+    if (args.whoami) rc = dflash::comm::run_whoami(rank.id, cfg.comm.startup_timeout_s);
+    else if (args.comm_check >= 0) rc = dflash::roles::run_comm_check(rank, cfg, args.comm_check);
     else rc = dflash::run_training(cfg, rank, args.resume);
     dflash::comm::finalize_mpi();
     return rc;

@@ -207,6 +207,33 @@ def test_greedy_generation_matches_transformers(models, name):
     assert got == ref, f"{name}:\nours {got}\nhf   {ref}"
 
 
+@pytest.mark.parametrize("name", ["qwen3_gqa", "llama3_scaled"])
+def test_batched_generation_of_unequal_prompts(models, name):
+    """One batch of prompts of very different lengths = each prompt generated alone by
+    transformers, also when freed and new heap memory holds junk (MALLOC_PERTURB_): no unwritten
+    KV-cache slot may reach the arithmetic (the bug of issue 12: shorter rows emitted token 0)."""
+    d = models[name]
+    hf = hf_load(d)
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, hf.config.vocab_size, (n,), generator=g) for n in (3, 41, 1, 17, 29)]
+    ref = []
+    with torch.no_grad():
+        for p in prompts:
+            out = hf.generate(p[None], attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                              max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)
+            ref.append(out[0, len(p):].tolist())
+    for perturb in (None, "128", "255"):
+        env = dict(os.environ)
+        if perturb:
+            env["MALLOC_PERTURB_"] = perturb
+        r = subprocess.run([str(TOOL), "generate", "--model", str(d), "--prompts",
+                            ";".join(ints(p) for p in prompts), "--max-new", "24"],
+                           capture_output=True, text=True, timeout=600, env=env)
+        assert r.returncode == 0, r.stderr
+        got = [[int(x) for x in line.split(",")] for line in r.stdout.strip().splitlines()]
+        assert got == ref, f"{name} MALLOC_PERTURB_={perturb}:\nours {got}\nhf   {ref}"
+
+
 def test_generation_stops_at_eos(models, tmp_path):
     """eos_token_id as a list in config.json; each sequence stops after its first eos."""
     import shutil

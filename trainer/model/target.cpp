@@ -1,4 +1,4 @@
-// Target model: load, packed forward with capture, logits, greedy generation (see target.h).
+// Target model: load, packed forward with capture, logits, forward_with (see target.h).
 #include "trainer/model/target.h"
 
 #include <algorithm>
@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "trainer/model/safetensors.h"
+#include "trainer/model/target_cache.h"
 #include "trainer/model/target_ops.h"
 
 namespace dflash::model {
@@ -244,8 +245,8 @@ TargetModel TargetModel::random(const HfConfig& cfg, at::ScalarType dtype, at::D
 
 // ---- forward ---------------------------------------------------------------------------------
 
-// One pass over a set of tokens. Packed mode: documents given by cu_seqlens. Decode mode: one
-// token per sequence, attending to a KV cache.
+// One pass over a set of tokens. Packed mode: documents given by cu_seqlens. With `attend`:
+// the caller's attention (KV caches, target_cache.h).
 struct TargetModel::Pass {
   at::Tensor ids;        // [T] int64 on device
   at::Tensor cos, sin;   // [T, head_dim / 2] float32 on device
@@ -256,12 +257,7 @@ struct TargetModel::Pass {
   std::vector<int64_t> cu;  // host copy
   at::Tensor cu_dev;        // int32 on device
   int64_t max_len = 0;
-  // KV cache (generation): per layer [B, max_len, nkv, hd]
-  std::vector<at::Tensor>* cache_k = nullptr;
-  std::vector<at::Tensor>* cache_v = nullptr;
-  bool decode = false;
-  at::Tensor lens;       // decode: [B] int64 on device, tokens already in the cache
-  int64_t cache_used = 0;  // decode: max(lens) + 1
+  const Attention* attend = nullptr;
 };
 
 namespace {
@@ -302,30 +298,9 @@ at::Tensor TargetModel::run_layers(Pass& pass) const {
     at::Tensor qkv = at::mm(h, w.wqkv.t());  // [T, (nq + 2 nkv) hd]
     auto [q, k, v] = ops::qkv_heads(qkv, nq, nkv, hd, w.q_norm, w.k_norm, eps, pass.cos, pass.sin);
 
-    at::Tensor attn;
-    if (!pass.decode) {
-      if (pass.cache_k) {  // prefill: keep this layer's keys and values
-        for (size_t b = 0; b + 1 < pass.cu.size(); ++b) {
-          int64_t s = pass.cu[b], n = pass.cu[b + 1] - s;
-          (*pass.cache_k)[l][b].narrow(0, 0, n).copy_(k.narrow(0, s, n));
-          (*pass.cache_v)[l][b].narrow(0, 0, n).copy_(v.narrow(0, s, n));
-        }
-      }
-      attn = ops::varlen_causal_attention(q, k, v, pass.cu, pass.cu_dev, pass.max_len, scale);
-    } else {
-      at::Tensor ck = (*pass.cache_k)[l], cv = (*pass.cache_v)[l];
-      at::Tensor rows = at::arange(T, pass.lens.options());
-      ck.index_put_({rows, pass.lens}, k);
-      cv.index_put_({rows, pass.lens}, v);
-      int64_t used = pass.cache_used;
-      at::Tensor mask = at::arange(used, pass.lens.options()).unsqueeze(0) <= pass.lens.unsqueeze(1);
-      at::Tensor o = at::scaled_dot_product_attention(
-          q.unsqueeze(2),                                      // [B, nq, 1, hd]
-          ck.narrow(1, 0, used).transpose(1, 2),               // [B, nkv, used, hd]
-          cv.narrow(1, 0, used).transpose(1, 2),
-          mask.view({T, 1, 1, used}), 0.0, false, scale, /*enable_gqa=*/true);
-      attn = o.view({T, nq, hd});
-    }
+    at::Tensor attn = pass.attend ? (*pass.attend)(l, q, k, v)
+                                  : ops::varlen_causal_attention(q, k, v, pass.cu, pass.cu_dev,
+                                                                 pass.max_len, scale);
     x.addmm_(attn.reshape({T, nq * hd}), w.wo.t());
     h = ops::rms_norm(x, w.post_norm, eps);
     at::Tensor gu = at::mm(h, w.w_gate_up.t());  // [T, 2I]
@@ -426,79 +401,40 @@ at::Tensor TargetModel::capture(const at::Tensor& ids_in, const at::Tensor& cu_s
   return pass.captured;
 }
 
-// ---- generation ------------------------------------------------------------------------------
+TargetModel::Output TargetModel::forward_with(const at::Tensor& ids_in, const at::Tensor& positions,
+                                              const std::vector<int64_t>& layer_ids,
+                                              const Attention& attend,
+                                              const at::Tensor& logit_rows) const {
+  c10::InferenceMode guard;
+  if (!lm_head_.defined()) throw_user("target forward: the model was loaded without lm_head");
+  check_ids(ids_in, cfg_.vocab_size);
+  check_layer_ids(layer_ids, num_layers_loaded());
+  const int64_t T = ids_in.size(0);
+  DFLASH_CHECK(positions.dim() == 1 && positions.size(0) == T, "forward_with: {} positions for {} tokens",
+               positions.numel(), T);
+  Pass pass;
+  pass.ids = ids_in.to(device_);
+  std::tie(pass.cos, pass.sin) = ops::rope_cos_sin(positions.to(device_), inv_freq_);
+  pass.capture_ids = layer_ids;
+  pass.attend = &attend;
+  Output out;
+  if (!layer_ids.empty()) {
+    pass.captured = at::empty({T, int64_t(layer_ids.size()) * cfg_.hidden_size},
+                              at::TensorOptions().dtype(dtype_).device(device_));
+    out.captured = pass.captured;
+  }
+  pass.run_layers = num_layers_loaded();
+  at::Tensor x = run_layers(pass);
+  if (logit_rows.defined()) x = x.index_select(0, logit_rows.to(device_));
+  out.logits = x.size(0) ? final_logits(x) : at::empty({0, cfg_.vocab_size}, x.options().dtype(at::kFloat));
+  return out;
+}
 
 std::vector<std::vector<int64_t>> TargetModel::generate(
     const std::vector<std::vector<int64_t>>& prompts, int64_t max_new_tokens,
     bool stop_at_eos) const {
-  c10::InferenceMode guard;
-  if (!lm_head_.defined()) throw_user("target generate: the model was loaded without lm_head");
-  const int64_t B = int64_t(prompts.size());
-  std::vector<std::vector<int64_t>> out(B);
-  if (B == 0 || max_new_tokens <= 0) return out;
-  std::vector<int64_t> flat, cu = {0};
-  int64_t longest = 0;
-  for (int64_t b = 0; b < B; ++b) {
-    if (prompts[b].empty()) throw_user("target generate: prompt {} is empty", b);
-    flat.insert(flat.end(), prompts[b].begin(), prompts[b].end());
-    cu.push_back(int64_t(flat.size()));
-    longest = std::max<int64_t>(longest, int64_t(prompts[b].size()));
-  }
-  const HfConfig& c = cfg_;
-  const int64_t cap = longest + max_new_tokens;
-  auto opt = at::TensorOptions().dtype(dtype_).device(device_);
-  std::vector<at::Tensor> ck, cv;
-  for (int64_t l = 0; l < num_layers_loaded(); ++l) {
-    ck.push_back(at::empty({B, cap, c.num_key_value_heads, c.head_dim}, opt));
-    cv.push_back(at::empty({B, cap, c.num_key_value_heads, c.head_dim}, opt));
-  }
-  // Prefill: every prompt as one document of a packed stream.
-  at::Tensor ids = at::tensor(flat, at::kLong);
-  check_ids(ids, c.vocab_size);
-  Pass pre;
-  pre.ids = ids.to(device_);
-  pre.cu = cu;
-  pre.max_len = longest;
-  pre.cu_dev = at::tensor(cu, at::kLong).to(at::kInt).to(device_);
-  std::tie(pre.cos, pre.sin) =
-      ops::rope_cos_sin(ops::positions_from_cu(cu, int64_t(flat.size())).to(device_), inv_freq_);
-  pre.run_layers = num_layers_loaded();
-  pre.cache_k = &ck;
-  pre.cache_v = &cv;
-  at::Tensor x = run_layers(pre);
-  at::Tensor last = at::tensor(std::vector<int64_t>(cu.begin() + 1, cu.end()), at::kLong) - 1;
-  at::Tensor next = final_logits(x.index_select(0, last.to(device_))).argmax(-1);  // [B]
-
-  std::vector<int64_t> lens(B);
-  for (int64_t b = 0; b < B; ++b) lens[b] = int64_t(prompts[b].size());
-  std::vector<bool> done(B, false);
-  const std::set<int64_t> eos(c.eos_token_ids.begin(), c.eos_token_ids.end());
-  for (int64_t step = 0;; ++step) {
-    at::Tensor h = next.to(at::kCPU);
-    bool all_done = true;
-    for (int64_t b = 0; b < B; ++b) {
-      if (done[b]) continue;
-      int64_t t = h[b].item<int64_t>();
-      out[b].push_back(t);
-      if ((stop_at_eos && eos.count(t)) || int64_t(out[b].size()) >= max_new_tokens) done[b] = true;
-      all_done &= done[b];
-    }
-    if (all_done) break;
-    // Decode one token per sequence (finished ones keep running; their tokens are dropped).
-    Pass dec;
-    dec.decode = true;
-    dec.ids = next;
-    at::Tensor lens_t = at::tensor(lens, at::kLong);
-    dec.lens = lens_t.to(device_);
-    dec.cache_used = *std::max_element(lens.begin(), lens.end()) + 1;
-    std::tie(dec.cos, dec.sin) = ops::rope_cos_sin(dec.lens, inv_freq_);
-    dec.run_layers = num_layers_loaded();
-    dec.cache_k = &ck;
-    dec.cache_v = &cv;
-    next = final_logits(run_layers(dec)).argmax(-1);
-    for (auto& n : lens) ++n;
-  }
-  return out;
+  return greedy_generate(*this, prompts, max_new_tokens,
+                         stop_at_eos ? cfg_.eos_token_ids : std::vector<int64_t>{});
 }
 
 // ---- run settings ------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 // The frozen target model (Qwen3 / Llama-3 decoder-only transformer) in LibTorch: loading from a
 // Hugging Face directory, a forward over one packed token stream of variable-length documents
-// with hidden-state capture, full logits, and greedy generation with a KV cache.
+// with hidden-state capture, full logits, a forward with a caller-supplied attention (the KV
+// cache of target_cache.h builds on it), and greedy generation.
 //
 // Semantics (DFLASH.md §1.1, §7): capture id i = the output of 0-indexed decoder layer i (the
 // residual stream after that layer's MLP add, before the final norm) = transformers'
@@ -14,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -67,9 +69,21 @@ class TargetModel {
   Output forward(const at::Tensor& ids, const at::Tensor& cu_seqlens,
                  const std::vector<int64_t>& layer_ids = {}) const;
 
+  // Attention of one layer for a pass over T packed tokens: q [T, nq, hd], k/v [T, nkv, hd]
+  // (RoPE and q/k norm applied; may be strided views) -> [T, nq, hd].
+  using Attention = std::function<at::Tensor(int64_t layer, const at::Tensor& q, const at::Tensor& k,
+                                             const at::Tensor& v)>;
+  // The whole model over T tokens `ids` [T] int64 at `positions` [T] int64 (RoPE), with
+  // `attend` as every layer's attention (target_cache.h: KV caches). Logits only of the tokens
+  // `logit_rows` [R] int64 (undefined tensor: all T); captured states of all T tokens.
+  Output forward_with(const at::Tensor& ids, const at::Tensor& positions,
+                      const std::vector<int64_t>& layer_ids, const Attention& attend,
+                      const at::Tensor& logit_rows = {}) const;
+
   // Greedy decoding for a batch of prompts (token id lists of any lengths): up to
   // `max_new_tokens` new tokens each; with `stop_at_eos`, a sequence ends after the first of
   // config().eos_token_ids it produces (that token included). Returns only the new tokens.
+  // Runs on target_cache.h (greedy_generate); rows are independent.
   std::vector<std::vector<int64_t>> generate(const std::vector<std::vector<int64_t>>& prompts,
                                              int64_t max_new_tokens, bool stop_at_eos) const;
 

@@ -171,12 +171,13 @@ DrafterTrainer::DrafterTrainer(const RoleContext& ctx, int64_t drafter_index, in
 
 DrafterTrainer::~DrafterTrainer() = default;
 
-void DrafterTrainer::train_batch(int64_t k, const at::Tensor& ids, const at::Tensor& loss_mask,
-                                 const at::Tensor& cu_seqlens, const at::Tensor& features, const TargetStats& ts,
-                                 double wait_s) {
+void DrafterTrainer::train_batch(const BatchMessage& b, double wait_s) {
   Impl& m = *impl_;
   const double t0 = now_s();
-  model::DrafterBatch db = make_rows(ids, loss_mask, cu_seqlens, features, m.cfg.data.max_seq_len);
+  const int64_t k = b.batch;
+  const at::Tensor& ids = b.ids;
+  const TargetStats& ts = b.stats;
+  model::DrafterBatch db = make_rows(ids, b.loss_mask, b.cu_seqlens, b.features, m.cfg.data.max_seq_len);
   db.global_batch_index = k;
   model::StepOutput out = m.drafter->forward(db, m.sopt);
   if (!std::isfinite(out.loss_value)) {
@@ -348,12 +349,11 @@ void DrafterTrainer::finish_run() {
 
 void run_drafter_role(const RoleContext& ctx) {
   const RunPlan& p = ctx.plan;
+  const Schedule& sched = ctx.rank.schedule;
   const int rank = ctx.rank.id.rank;
-  const int64_t j = ctx.rank.schedule.drafter_index(rank);
+  const int64_t j = sched.drafter_index(rank);
   DrafterTrainer trainer(ctx, j, rank);
-  std::vector<int64_t> mine;
-  for (int64_t s = p.start_step; s < p.total_steps; ++s)
-    for (int64_t k : p.drafter_step_batches(s, j)) mine.push_back(k);
+  const std::vector<int64_t> mine = sched.drafter_batches(j, p.start_batch, p.total_batches);
   const size_t depth = static_cast<size_t>(std::max<int64_t>(1, ctx.cfg.data.prefetch));
   struct Pending {
     int64_t k;
@@ -366,33 +366,27 @@ void run_drafter_role(const RoleContext& ctx) {
     const int64_t end = trainer.stop_after() < 0 ? p.total_batches : (trainer.stop_after() + 1) * p.batches_per_step;
     while (pending.size() < depth && next < mine.size() && mine[next] < end) {
       const int64_t k = mine[next++];
-      pending.push_back({k, ctx.comm->irecv(ctx.rank.schedule.source_rank(k), k)});
+      pending.push_back({k, ctx.comm->irecv(sched.target_of(k), k)});
     }
   };
   post();
-  for (int64_t s = p.start_step; s < p.total_steps; ++s) {
-    for (int64_t k : p.drafter_step_batches(s, j)) {
-      DFLASH_CHECK(!pending.empty() && pending.front().k == k, "drafter {}: batch {} was not posted", j, k);
-      const double tw = now_s();
-      comm::Message msg = pending.front().handle->take();
-      const double wait = now_s() - tw;
-      pending.pop_front();
-      post();
-      if (msg.kind != kBatchMessage || msg.batch != k || msg.tensors.size() != kNumBatchTensors)
-        throw CommError(fmt::format("drafter {}: expected batch {} ({} tensors) from {}, got kind {} batch {} "
-                                          "with {} tensors",
-                                          j, k, kNumBatchTensors, comm::name_rank(ctx.rank.schedule.source_rank(k)),
-                                          msg.kind, msg.batch, msg.tensors.size()));
-      at::Tensor st = msg.tensors[4].to(at::kCPU, at::kDouble);
-      TargetStats ts{st[0].item<double>(), st[1].item<double>(), st[2].item<double>(),
-                     st.numel() > 3 ? st[3].item<double>() : 0.0};
-      trainer.train_batch(k, msg.tensors[0], msg.tensors[1], msg.tensors[2], msg.tensors[3], ts, wait);
-    }
-    if (trainer.finish_step(s)) {
-      DFLASH_CHECK(pending.empty(), "drafter {}: {} receives pending at the stop after step {}", j, pending.size(), s + 1);
-      trainer.finish_controls();
-      comm::mark_preempted(s + 1);
-      return;
+  for (const int64_t k : mine) {
+    DFLASH_CHECK(!pending.empty() && pending.front().k == k, "drafter {}: batch {} was not posted", j, k);
+    const double tw = now_s();
+    comm::Message msg = pending.front().handle->take();
+    const double wait = now_s() - tw;
+    pending.pop_front();
+    post();
+    trainer.train_batch(unpack(std::move(msg), k, comm::name_rank(sched.target_of(k))), wait);
+    if (sched.closes_step(k, p.grad_accum)) {
+      const int64_t s = sched.step_of(k, p.grad_accum);
+      if (trainer.finish_step(s)) {
+        DFLASH_CHECK(pending.empty(), "drafter {}: {} receives pending at the stop after step {}", j, pending.size(),
+                     s + 1);
+        trainer.finish_controls();
+        comm::mark_preempted(s + 1);
+        return;
+      }
     }
   }
   trainer.finish_controls();
@@ -407,22 +401,26 @@ void run_colocated(const RoleContext& ctx) {
   lo.lm_head = false;
   model::TargetModel target = model::TargetModel::load(ctx.cfg.target.model_dir, p.target_dtype, p.device, lo);
   DrafterTrainer trainer(ctx, 0, ctx.rank.id.rank);
-  for (int64_t s = p.start_step; s < p.total_steps; ++s) {
-    for (int64_t k : p.drafter_step_batches(s, 0)) {
-      const double t0 = now_s();
-      data::Batch b = p.data->batch(k);
-      at::Tensor ids = b.ids.to(p.device), cu = b.cu_seqlens.to(p.device), features;
-      {
-        c10::InferenceMode guard;
-        features = target.capture(ids, cu, p.layer_ids);
-      }
-      features = features.clone();  // a normal tensor: the drafter's autograd saves it
-      const double busy = now_s() - t0;
-      trainer.train_batch(k, ids, b.loss_mask.to(p.device), cu, features,
-                          TargetStats{static_cast<double>(b.num_tokens()), busy, 0.0}, 0.0);
+  const Schedule& sched = ctx.rank.schedule;
+  const std::vector<int64_t> mine = sched.drafter_batches(0, p.start_batch, p.total_batches);
+  for (const int64_t k : mine) {
+    const double t0 = now_s();
+    data::Batch b = p.data->batch(k);
+    BatchMessage bm;
+    bm.batch = k;
+    bm.ids = b.ids.to(p.device);
+    bm.cu_seqlens = b.cu_seqlens.to(p.device);
+    {
+      c10::InferenceMode guard;
+      bm.features = target.capture(bm.ids, bm.cu_seqlens, p.layer_ids);
     }
-    if (trainer.finish_step(s)) {
-      comm::mark_preempted(s + 1);
+    bm.features = bm.features.clone();  // a normal tensor: the drafter's autograd saves it
+    const double busy = now_s() - t0;
+    bm.loss_mask = b.loss_mask.to(p.device);
+    bm.stats = TargetStats{static_cast<double>(b.num_tokens()), busy, 0.0};
+    trainer.train_batch(bm, 0.0);
+    if (sched.closes_step(k, p.grad_accum) && trainer.finish_step(sched.step_of(k, p.grad_accum))) {
+      comm::mark_preempted(sched.step_of(k, p.grad_accum) + 1);
       return;
     }
   }

@@ -12,21 +12,14 @@
 
 namespace dflash::roles {
 
-std::vector<int64_t> RunPlan::drafter_step_batches(int64_t step, int64_t j) const {
-  std::vector<int64_t> ks;
-  const int64_t D = colocated ? 1 : drafter_ranks;
-  for (int64_t a = 0; a < batches_per_step / D; ++a) ks.push_back(step * batches_per_step + a * D + j);
-  return ks;
-}
-
-RunPlan make_plan(const Config& cfg, const comm::Schedule& schedule, int world_size, int gpu, bool resume) {
+RunPlan make_plan(const Config& cfg, const Schedule& schedule, int world_size, int gpu, bool resume) {
   RunPlan p;
   p.colocated = schedule.colocated();
-  p.target_ranks = p.colocated ? 1 : schedule.targets();
-  p.drafter_ranks = p.colocated ? 1 : schedule.drafters();
+  p.target_ranks = schedule.targets();
+  p.drafter_ranks = schedule.drafters();
   if (cfg.train.grad_accum < 1) throw_user("config: train.grad_accum = {}, expected >= 1", cfg.train.grad_accum);
   p.grad_accum = cfg.train.grad_accum;
-  p.batches_per_step = p.drafter_ranks * p.grad_accum;
+  p.batches_per_step = schedule.batches_per_step(p.grad_accum);
 
   // The target and the drafter's shape (every rank: a mismatch is reported everywhere).
   if (cfg.target.model_dir.empty()) throw_user("config: target.model_dir is empty; expected a Hugging Face model directory");
@@ -74,8 +67,8 @@ RunPlan make_plan(const Config& cfg, const comm::Schedule& schedule, int world_s
   p.total_batches = p.total_steps * p.batches_per_step;
 
   p.signature.world_size = world_size;
-  p.signature.target_ranks = p.colocated ? 1 : schedule.targets();
-  p.signature.drafter_ranks = p.colocated ? 1 : schedule.drafters();
+  p.signature.target_ranks = schedule.targets();
+  p.signature.drafter_ranks = schedule.drafters();
   p.signature.colocated = p.colocated;
   p.signature.grad_accum = p.grad_accum;
   p.signature.seed = cfg.run.seed;

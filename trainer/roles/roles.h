@@ -1,9 +1,10 @@
 // The roles of a rank (internal to trainer/roles/): the target loop, the drafter loop and the
 // colocated loop, and the drafter-side trainer they share.
 //
+// The batch walks come from the schedule (trainer/roles/schedule.h), nothing else.
 // Target loop (target index i of T): for its batches k = i, i+T, ... from the plan's start
-//   batch: read batch k, forward with capture, isend {ids, mask, cu_seqlens, features, stats}
-//   to drafter k mod D. Up to data.prefetch sends stay in flight, so the next batch is computed
+//   batch: read batch k, forward with capture, isend its BatchMessage (batch_message.h) to
+//   drafter k mod D. Up to data.prefetch sends stay in flight, so the next batch is computed
 //   while the previous ones travel; the time spent waiting for a free slot is the target's
 //   wait time (the drafters are the bottleneck).
 // Drafter loop (drafter index j of D): irecvs for its next data.prefetch batches are always
@@ -19,18 +20,19 @@
 #include <memory>
 
 #include "comm/communicator.h"
-#include "comm/selftest.h"
 #include "trainer/config.h"
 #include "trainer/metrics/metrics.h"
 #include "trainer/model/drafter.h"
 #include "trainer/optim/adamw.h"
+#include "trainer/roles/batch_message.h"
 #include "trainer/roles/plan.h"
+#include "trainer/roles/startup.h"
 
 namespace dflash::roles {
 
 struct RoleContext {
   const Config& cfg;
-  const comm::RankContext& rank;
+  const RankContext& rank;
   const RunPlan& plan;
   comm::Communicator* comm = nullptr;          // null in a colocated run
   std::shared_ptr<comm::Group> drafter_group;  // null in a colocated run
@@ -41,12 +43,6 @@ inline double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// What a target reports with each batch.
-struct TargetStats {
-  double tokens = 0, busy_s = 0, wait_s = 0;
-  double stop = 0;  // 1: the target was signalled to stop (preempt.h)
-};
-
 // The drafter side of training: model, optimizer, per-step reduction, metrics, checkpoints.
 class DrafterTrainer {
  public:
@@ -54,9 +50,9 @@ class DrafterTrainer {
   DrafterTrainer(const RoleContext& ctx, int64_t drafter_index, int world_rank);
   ~DrafterTrainer();
 
-  // Forward + backward of batch k (gradients accumulate, scaled by 1/grad_accum).
-  void train_batch(int64_t k, const at::Tensor& ids, const at::Tensor& loss_mask, const at::Tensor& cu_seqlens,
-                   const at::Tensor& features, const TargetStats& ts, double wait_s);
+  // Forward + backward of batch b.batch (gradients accumulate, scaled by 1/grad_accum);
+  // wait_s: how long this drafter waited for it.
+  void train_batch(const BatchMessage& b, double wait_s);
   // Closes optimizer step s (0-based): reduce over the drafter group, clip, AdamW, metrics,
   // state and export when due; drafter 0 sends the step's control message to the targets
   // (preempt.h). Returns true if the run stops after this step (preemption: state written).

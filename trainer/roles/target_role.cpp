@@ -16,18 +16,17 @@
 namespace dflash::roles {
 void run_target_role(const RoleContext& ctx) {
   const RunPlan& p = ctx.plan;
-  const int64_t i = ctx.rank.schedule.target_index(ctx.rank.id.rank);
-  const int64_t T = p.target_ranks;
+  const Schedule& sched = ctx.rank.schedule;
+  const int64_t i = sched.target_index(ctx.rank.id.rank);
   const int64_t last_layer = *std::max_element(p.layer_ids.begin(), p.layer_ids.end());
   model::TargetLoadOptions lo;
   lo.num_layers = last_layer + 1;  // capture stops after the last captured layer
   lo.lm_head = false;
   const double t_load = now_s();
   model::TargetModel target = model::TargetModel::load(ctx.cfg.target.model_dir, p.target_dtype, p.device, lo);
-  const int64_t first_k = p.start_batch + ((i - p.start_batch % T) % T + T) % T;  // first own batch >= start
-  const int64_t count = first_k < p.total_batches ? (p.total_batches - 1 - first_k) / T + 1 : 0;
+  const std::vector<int64_t> mine = sched.target_batches(i, p.start_batch, p.total_batches);
   log::info("target {}: loaded {} layers of {} in {:.1f} s; {} batches to produce", i, lo.num_layers,
-            ctx.cfg.target.model_dir, now_s() - t_load, count);
+            ctx.cfg.target.model_dir, now_s() - t_load, mine.size());
 
   const size_t depth = static_cast<size_t>(std::max<int64_t>(1, ctx.cfg.data.prefetch));
   struct InFlight {
@@ -38,21 +37,21 @@ void run_target_role(const RoleContext& ctx) {
   double wait_acc = 0;
   size_t sent = 0;
   // Preemption (preempt.h): drafter 0's control messages tell where a signalled run stops.
-  ControlReader control(*ctx.comm, ctx.rank.schedule.drafter_rank(0), p, stop_lag(ctx.cfg, p));
-  for (int64_t k = first_k; k < p.total_batches; k += T) {
+  ControlReader control(*ctx.comm, sched.drafter_rank(0), p, stop_lag(ctx.cfg, p));
+  for (const int64_t k : mine) {
     control.before_step(k / p.batches_per_step);
     if (control.stop_after() >= 0 && k >= (control.stop_after() + 1) * p.batches_per_step) break;
     const double t0 = now_s();
     data::Batch b = p.data->batch(k);
-    comm::Message msg;
-    msg.kind = kBatchMessage;
-    msg.batch = k;
+    BatchMessage bm;
+    bm.batch = k;
     {
       c10::InferenceMode guard;
-      at::Tensor ids = b.ids.to(p.device), cu = b.cu_seqlens.to(p.device);
-      at::Tensor features = target.capture(ids, cu, p.layer_ids);
+      bm.ids = b.ids.to(p.device);
+      bm.cu_seqlens = b.cu_seqlens.to(p.device);
+      bm.features = target.capture(bm.ids, bm.cu_seqlens, p.layer_ids);
       device::sync(p.device);
-      msg.tensors = {ids, b.loss_mask.to(p.device), cu, features};
+      bm.loss_mask = b.loss_mask.to(p.device);
     }
     const double busy = now_s() - t0;
     while (inflight.size() >= depth) {
@@ -63,12 +62,11 @@ void run_target_role(const RoleContext& ctx) {
     }
     // Complete sends that are already done (frees memory early; no waiting).
     while (!inflight.empty() && inflight.front().handle->test()) inflight.pop_front();
-    const double stop = comm::preemption_requested() ? 1.0 : 0.0;  // stats[3]: this target was signalled
-    at::Tensor stats = at::tensor({static_cast<double>(b.num_tokens()), busy, wait_acc, stop}, at::kDouble).to(p.device);
-    msg.tensors.push_back(stats);
+    const double stop = comm::preemption_requested() ? 1.0 : 0.0;  // this target was signalled (preempt.h)
+    bm.stats = TargetStats{static_cast<double>(b.num_tokens()), busy, wait_acc, stop};
     wait_acc = 0;
-    const int dest = ctx.rank.schedule.dest_rank(k);
-    inflight.push_back({ctx.comm->isend(dest, msg), msg});
+    comm::Message msg = pack(bm, p.device);
+    inflight.push_back({ctx.comm->isend(sched.drafter_of(k), msg), msg});
     // Start-up is over once the drafter has taken more than the first `depth` batches.
     if (++sent == depth + 1) ctx.comm->set_timeout(ctx.cfg.comm.timeout_s);
   }

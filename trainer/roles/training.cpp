@@ -1,7 +1,5 @@
 #include "trainer/roles/training.h"
 
-#include <mpi.h>
-
 #include <algorithm>
 #include <optional>
 #include <thread>
@@ -10,11 +8,13 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "comm/agree.h"
 #include "comm/communicator.h"
-#include "comm/check.h"
 #include "comm/preempt.h"
-#include "core/error.h"
 #include "comm/identity.h"
+#include "comm/store.h"
+#include "comm/watchdog.h"
+#include "core/error.h"
 #include "core/log.h"
 #include "trainer/roles/roles.h"
 #include "trainer/roles/run_dir.h"
@@ -22,64 +22,68 @@
 namespace dflash {
 namespace {
 
-// Every rank resolves the plan; under MPI the ranks then agree on whether all succeeded, so
-// that each rank reports its own error (or names the ranks that failed) and all exit cleanly
-// with code 2, instead of the first failure tearing the others down before they can speak.
-std::optional<roles::RunPlan> plan_on_every_rank(const Config& cfg, const comm::RankContext& ctx, bool resume,
-                                                 int* exit_code) {
+// Every rank resolves the plan, then the ranks agree on whether all succeeded (comm/agree.h:
+// through MPI under an MPI launch, through the run's store under torchrun-style or SLURM
+// launches), so that each rank reports its own error and the others name the rank(s) that
+// failed and the cause, and all exit with the failure's code (2 for bad input) before anything
+// is written, instead of the first failure tearing the others down or leaving them waiting.
+// Every rank accepted the run: world rank 0 claims and prepares run.dir (roles/run_dir.h: the
+// lock, overwrite, stale .tmp, run.json), and the ranks agree on its outcome before anything else
+// writes there.
+std::optional<roles::RunPlan> prepare_on_rank0(const Config& cfg, const roles::RankContext& ctx,
+                                               const roles::RunDirDecision& run_dir, std::optional<roles::RunPlan> plan,
+                                               comm::Store* store, int* exit_code) {
+  comm::Report mine;
+  if (ctx.id.rank == 0) {
+    try {
+      roles::prepare_run_dir(cfg, run_dir, *plan);
+    } catch (const std::exception& e) {
+      if (ctx.id.world_size == 1) throw;
+      mine = {comm::exit_code_of(e), e.what()};
+    }
+  }
+  if (ctx.id.world_size == 1) return plan;
+  const std::vector<comm::Report> all = comm::agree(ctx.id, "rundir", mine, cfg.comm.startup_timeout_s, store);
+  if (all[0].ok()) return plan;
+  if (ctx.id.rank == 0) log::error("{}", mine.what);
+  else log::error("{} could not prepare run.dir: {}", comm::name_rank(0), all[0].what);
+  *exit_code = all[0].code;
+  return std::nullopt;
+}
+
+std::optional<roles::RunPlan> plan_on_every_rank(const Config& cfg, const roles::RankContext& ctx, bool resume,
+                                                 comm::Store* store, int* exit_code) {
   std::optional<roles::RunPlan> plan;
-  std::string error;
+  comm::Report mine;
   roles::RunDirDecision run_dir;
   try {
     run_dir = roles::inspect_run_dir(cfg, resume);  // reads only; may turn into an auto-resume
     plan = roles::make_plan(cfg, ctx.schedule, ctx.id.world_size, ctx.id.gpu, run_dir.resume);
-  } catch (const UserError& e) {
-    if (!comm::mpi_active() || ctx.id.world_size == 1) throw;
-    error = e.what();
+  } catch (const std::exception& e) {
+    if (ctx.id.world_size == 1) throw;
+    mine = {comm::exit_code_of(e), e.what()};
   }
-  if (comm::mpi_active() && ctx.id.world_size > 1) {
-    int failed = error.empty() ? 0 : 1;
-    std::vector<int> all(static_cast<size_t>(ctx.id.world_size), 0);
-    DFLASH_CHECK_MPI(MPI_Allgather(&failed, 1, MPI_INT, all.data(), 1, MPI_INT, MPI_COMM_WORLD));
-    std::vector<int> bad;
-    for (int r = 0; r < ctx.id.world_size; ++r)
-      if (all[static_cast<size_t>(r)]) bad.push_back(r);
-    if (!bad.empty()) {
-      if (!error.empty())
-        log::error("{}", error);
-      else
-        log::error("rank(s) [{}] rejected the run's input (see their messages); nothing was written", fmt::join(bad, ", "));
-      *exit_code = kExitUser;
-      return std::nullopt;
-    }
+  const std::vector<comm::Report> all = comm::agree(ctx.id, "startup", mine, cfg.comm.startup_timeout_s, store);
+  std::vector<int> bad;
+  for (int r = 0; r < ctx.id.world_size; ++r)
+    if (!all[static_cast<size_t>(r)].ok()) bad.push_back(r);
+  if (bad.empty()) return prepare_on_rank0(cfg, ctx, run_dir, std::move(plan), store, exit_code);
+  if (!mine.ok()) {
+    log::error("{}", mine.what);
+    *exit_code = mine.code;
+  } else {
+    const comm::Report& first = all[static_cast<size_t>(bad[0])];
+    log::error("{} could not start: {}{}; nothing was written", comm::name_rank(bad[0]), first.what,
+               bad.size() > 1 ? fmt::format(" (ranks [{}] failed too)", fmt::join(bad.begin() + 1, bad.end(), ", "))
+                              : "");
+    *exit_code = first.code;
   }
-  // Every rank accepted the run: world rank 0 claims and prepares run.dir (roles/run_dir.h), the
-  // others wait for its verdict before anything writes there.
-  std::string dir_error;
-  if (ctx.id.rank == 0) {
-    try {
-      roles::prepare_run_dir(cfg, run_dir, *plan);
-    } catch (const UserError& e) {
-      if (!comm::mpi_active() || ctx.id.world_size == 1) throw;
-      dir_error = e.what();
-    }
-  }
-  if (comm::mpi_active() && ctx.id.world_size > 1) {
-    int failed = dir_error.empty() ? 0 : 1;
-    DFLASH_CHECK_MPI(MPI_Bcast(&failed, 1, MPI_INT, 0, MPI_COMM_WORLD));
-    if (failed) {
-      if (!dir_error.empty()) log::error("{}", dir_error);
-      else log::error("rank 0 could not prepare run.dir {} (see its message)", cfg.run.dir);
-      *exit_code = kExitUser;
-      return std::nullopt;
-    }
-  }
-  return plan;
+  return std::nullopt;
 }
 
 }  // namespace
 
-int run_training(const Config& cfg, const comm::RankContext& ctx, bool resume) {
+int run_training(const Config& cfg, const roles::RankContext& ctx, bool resume) {
   // From here on SIGTERM/SIGUSR1 ask for a state and exit 4 (comm/preempt.h, roles/preempt.h).
   comm::arm_preemption(cfg.comm.timeout_s);
   // CPU threads: share the cores among the ranks of this node (the CPU demo runs 4 ranks on 2).
@@ -90,7 +94,9 @@ int run_training(const Config& cfg, const comm::RankContext& ctx, bool resume) {
     at::set_num_threads(threads);
   }
   int rc = kExitOk;
-  std::optional<roles::RunPlan> plan = plan_on_every_rank(cfg, ctx, resume, &rc);
+  // One store for the start-up of a launch without MPI (the agreement, then NCCL's rendezvous).
+  std::shared_ptr<comm::Store> store = comm::startup_store(ctx.id, cfg.comm.startup_timeout_s);
+  std::optional<roles::RunPlan> plan = plan_on_every_rank(cfg, ctx, resume, store.get(), &rc);
   if (!plan) return rc;
   const roles::RunPlan& p = *plan;
   if (ctx.id.rank == 0)
@@ -112,11 +118,7 @@ int run_training(const Config& cfg, const comm::RankContext& ctx, bool resume) {
     roles::run_colocated(rc_ctx);
     return outcome();
   }
-  comm::CommOptions co;
-  co.backend = cfg.comm.backend;
-  co.timeout_s = cfg.comm.timeout_s;
-  co.startup_timeout_s = cfg.comm.startup_timeout_s;
-  std::unique_ptr<comm::Communicator> c = comm::make_communicator(co, ctx.id);
+  std::unique_ptr<comm::Communicator> c = comm::make_communicator(roles::comm_options(cfg), ctx.id, store);
   std::shared_ptr<comm::Group> drafters = c->new_group(ctx.schedule.drafter_ranks());
   roles::RoleContext role{cfg, ctx, p, c.get(), drafters};
   if (ctx.schedule.is_target(ctx.id.rank))

@@ -9,11 +9,11 @@
 // Thread-safety: call once, from main's thread.
 #pragma once
 
-#include "comm/selftest.h"
 #include "trainer/config.h"
+#include "trainer/roles/startup.h"
 
 namespace dflash {
 
-int run_training(const Config& cfg, const comm::RankContext& ctx, bool resume);
+int run_training(const Config& cfg, const roles::RankContext& ctx, bool resume);
 
 }  // namespace dflash

@@ -1,20 +1,24 @@
-#include "comm/selftest.h"
+// trainer/roles/comm_check.h: --comm-check, the communication self-test over the run's schedule.
+#include "trainer/roles/comm_check.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
 #include <chrono>
 #include <deque>
-#include <thread>
 
 #include <fmt/ranges.h>
 
 #include "core/error.h"
 #include "core/log.h"
-#include "comm/store.h"
 #include "comm/watchdog.h"
 
-namespace dflash::comm {
+namespace dflash::roles {
+using comm::CommOptions;
+using comm::Group;
+using comm::HandlePtr;
+using comm::Message;
+using comm::ReduceOp;
 namespace {
 
 constexpr int32_t kKindCheck = 7;
@@ -32,7 +36,7 @@ int64_t message_bytes(const Message& m) {
 // Bit-exact comparison (bytes, so -0.0 != 0.0 and NaN payloads count).
 void verify(const Message& got, const Message& want, int from) {
   auto fail = [&](const std::string& what) {
-    throw std::runtime_error(fmt::format("comm-check: batch {} from {}: {}", want.batch, name_rank(from), what));
+    throw std::runtime_error(fmt::format("comm-check: batch {} from {}: {}", want.batch, comm::name_rank(from), what));
   };
   if (got.kind != want.kind || got.batch != want.batch)
     fail(fmt::format("header kind {} batch {}, expected kind {} batch {}", got.kind, got.batch, want.kind, want.batch));
@@ -73,66 +77,18 @@ Message make_check_batch(int64_t seed, int64_t k) {
   return m;
 }
 
-RankContext start_rank(const LaunchOptions& opt, bool check_layout) {
-  log::set_level(log::parse_level(opt.log_level));
-  Identity id = detect();
-  Schedule schedule = check_layout ? Schedule(opt.target_ranks, opt.drafter_ranks, opt.colocated, id.world_size)
-                                   : Schedule(1, 1, id.world_size == 1, id.world_size == 1 ? 1 : 2);
-  std::string role = check_layout ? role_name(schedule.role_of(id.rank)) : "";
-  log::set_identity(id.rank, id.world_size, role);
-  log::set_console_rank(static_cast<int>(opt.console_rank));
-  if (opt.per_rank_files) log::open_file(fmt::format("{}/logs/rank{}.log", opt.run_dir, id.rank));
-  if (check_layout) set_rank_namer([schedule](int r) { return schedule.name(r); });
-  else set_rank_namer({});
-  install_watchdog();
-  log::debug("identity: {}", id.describe());
-  return RankContext{id, schedule};
-}
-
-int run_whoami(const RankContext& ctx, const LaunchOptions& opt) {
-  const Identity& id = ctx.id;
-  std::string line = fmt::format("identity: {}", id.describe());
-  std::fprintf(stdout, "%s %s\n", log::prefix().c_str(), line.c_str());
-  std::fflush(stdout);
-  std::vector<std::string> all;
-  std::string info = fmt::format("{} local {}/{} {} host {}", id.rank, id.local_rank, id.local_world_size,
-                                 source_name(id.source), id.host);
-  if (id.world_size > 1) {
-    if (id.source == Source::Mpi) {
-      auto comm = make_mpi_communicator(id, opt.comm.startup_timeout_s);
-      comm->barrier();
-      all.push_back(fmt::format("{} ranks met at an MPI barrier", id.world_size));
-    } else {
-      auto store = make_store(id, opt.comm.startup_timeout_s);
-      all = rendezvous(*store, "whoami", id.rank, id.world_size, info, opt.comm.startup_timeout_s);
-      // keep the server (rank 0) alive until every client has read the list
-      store->add("whoami/done", 1);
-      if (id.rank == 0) {
-        auto t0 = std::chrono::steady_clock::now();
-        while (store->add("whoami/done", 0) < id.world_size) {
-          if (seconds_since(t0) > opt.comm.startup_timeout_s)
-            throw CommError("whoami: not every rank read the rendezvous result");
-          std::this_thread::sleep_for(std::chrono::milliseconds(10));
-        }
-      }
-    }
-  }
-  if (id.rank == 0)
-    for (const auto& a : all) log::info("rendezvous: {}", a);
-  return kExitOk;
-}
-
-int run_comm_check(const RankContext& ctx, const LaunchOptions& opt, int64_t batches) {
-  const Identity& id = ctx.id;
+int run_comm_check(const RankContext& ctx, const Config& cfg, int64_t batches) {
+  const comm::Identity& id = ctx.id;
   const Schedule& s = ctx.schedule;
   DFLASH_CHECK(batches >= 0, "--comm-check needs a batch count >= 0, got {}", batches);
-  auto comm = make_communicator(opt.comm, id);
+  const CommOptions opt = comm_options(cfg);
+  auto comm = comm::make_communicator(opt, id);
   at::Device dev = comm->device();
   std::shared_ptr<Group> drafters = comm->new_group(s.drafter_ranks());
   comm->barrier();
-  comm->set_timeout(opt.comm.timeout_s);
+  comm->set_timeout(opt.timeout_s);
   log::info("comm-check: {} batches from {} target(s) to {} drafter(s) over {} ({}), timeout {} s", batches,
-            s.targets(), s.drafters(), comm->backend(), dev.str(), opt.comm.timeout_s);
+            s.targets(), s.drafters(), comm->backend(), dev.str(), opt.timeout_s);
 
   auto t0 = std::chrono::steady_clock::now();
   int64_t bytes_sent = 0, bytes_recv = 0, reductions = 0;
@@ -147,7 +103,7 @@ int run_comm_check(const RankContext& ctx, const LaunchOptions& opt, int64_t bat
     std::vector<at::Tensor> ts{at::full({1000}, f, at::TensorOptions().dtype(at::kFloat).device(dev)),
                                at::full({7}, (j + 1) * (round + 1), at::TensorOptions().dtype(at::kLong).device(dev))};
     comm->all_reduce(*drafters, ts, ReduceOp::Sum, k);
-    int64_t D = s.colocated() ? 1 : s.drafters();
+    const int64_t D = s.drafters();
     double want = static_cast<double>((round + 1) * D * (D + 1) / 2);
     if (!at::equal(ts[0].cpu(), at::full({1000}, want, at::TensorOptions().dtype(at::kFloat))) ||
         !at::equal(ts[1].cpu(), at::full({7}, static_cast<int64_t>(want), at::TensorOptions().dtype(at::kLong))))
@@ -163,8 +119,8 @@ int run_comm_check(const RankContext& ctx, const LaunchOptions& opt, int64_t bat
 
   if (s.colocated()) {
     for (int64_t k = 0; k < batches; ++k) {
-      maybe_inject_failure(id.rank, k);
-      Message m = make_check_batch(opt.seed, k);
+      comm::maybe_inject_failure(id.rank, k);
+      Message m = make_check_batch(cfg.run.seed, k);
       comm->send(0, to_dev(m));
       Message got = comm->recv(0, k);
       verify(got, m, 0);
@@ -174,11 +130,11 @@ int run_comm_check(const RankContext& ctx, const LaunchOptions& opt, int64_t bat
     }
   } else if (s.is_target(id.rank)) {
     std::deque<HandlePtr> inflight;  // up to 2 sends in flight, as the pipeline's prefetch
-    for (int64_t k : s.target_batches(s.target_index(id.rank), batches)) {
-      maybe_inject_failure(id.rank, k);
-      Message m = to_dev(make_check_batch(opt.seed, k));
+    for (int64_t k : s.target_batches(s.target_index(id.rank), 0, batches)) {
+      comm::maybe_inject_failure(id.rank, k);
+      Message m = to_dev(make_check_batch(cfg.run.seed, k));
       bytes_sent += message_bytes(m);
-      inflight.push_back(comm->isend(s.dest_rank(k), m));
+      inflight.push_back(comm->isend(s.drafter_of(k), m));
       while (inflight.size() > 2) {
         inflight.front()->wait();
         inflight.pop_front();
@@ -187,16 +143,16 @@ int run_comm_check(const RankContext& ctx, const LaunchOptions& opt, int64_t bat
     for (auto& h : inflight) h->wait();
   } else {
     int64_t j = s.drafter_index(id.rank);
-    std::vector<int64_t> mine = s.drafter_batches(j, batches);
+    std::vector<int64_t> mine = s.drafter_batches(j, 0, batches);
     HandlePtr next;
-    if (!mine.empty()) next = comm->irecv(s.source_rank(mine[0]), mine[0]);
+    if (!mine.empty()) next = comm->irecv(s.target_of(mine[0]), mine[0]);
     for (size_t i = 0; i < mine.size(); ++i) {
       int64_t k = mine[i];
-      maybe_inject_failure(id.rank, k);
+      comm::maybe_inject_failure(id.rank, k);
       Message got = next->take();
       // prefetch the next batch while checking this one
-      if (i + 1 < mine.size()) next = comm->irecv(s.source_rank(mine[i + 1]), mine[i + 1]);
-      verify(got, make_check_batch(opt.seed, k), s.source_rank(k));
+      if (i + 1 < mine.size()) next = comm->irecv(s.target_of(mine[i + 1]), mine[i + 1]);
+      verify(got, make_check_batch(cfg.run.seed, k), s.target_of(k));
       bytes_recv += message_bytes(got);
       if (static_cast<int64_t>(i) < rounds) reduce_round(j, static_cast<int64_t>(i), k);
     }
@@ -220,4 +176,4 @@ int run_comm_check(const RankContext& ctx, const LaunchOptions& opt, int64_t bat
   return kExitOk;
 }
 
-}  // namespace dflash::comm
+}  // namespace dflash::roles

@@ -1,0 +1,91 @@
+// The target model's KV cache for a batch of independent rows, and greedy decoding on it. One
+// API serves plain greedy decoding (extend by 1), speculative verification (extend by the block
+// size, then crop to the accepted length) and batched regeneration: per-row lengths, a prefill
+// of prompts of unequal lengths, extend by any number of tokens per row (0: the row sits out),
+// crop each row back to a given length.
+//
+// Invariant (what makes junk impossible): every slot at or past a row's length holds zeros.
+// The cache is zero-initialised, extend writes only the slots of the tokens it runs, and crop
+// zeroes what it drops. Attention additionally masks by per-row length, so a stale or unwritten
+// slot never gets weight; and since masked slots hold zeros (never NaN/Inf), a zero weight
+// times a masked value is an exact 0 in every backend.
+//
+// Arithmetic: prefill of empty rows runs the packed varlen causal attention of the plain
+// forward (ops::varlen_causal_attention) and stores K/V; extend of non-empty rows attends the
+// new queries of each row to its cached prefix plus its own new tokens (causal among them)
+// with one scaled_dot_product_attention over all rows, GQA folded into the query axis.
+// Tokens of the rows that run are packed ([T] = Σ n_b), so rows that sit out cost no GEMMs.
+//
+// Owns: K/V tensors per layer [rows, capacity, nkv, head_dim] in the model's dtype on its
+// device, and the host copy of the lengths. Lifetime: references the TargetModel (must outlive
+// the cache). Thread-safety: none; one thread drives a cache.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "trainer/model/target.h"
+
+namespace dflash::model {
+
+class TargetCache {
+ public:
+  // `rows` independent sequences of up to `capacity` tokens each; `capture_ids`: the decoder
+  // layers whose outputs every prefill/extend returns (empty: none; validated by the model).
+  TargetCache(const TargetModel& model, int64_t rows, int64_t capacity,
+              std::vector<int64_t> capture_ids = {});
+
+  // Which logits a step returns.
+  enum class Logits { All, Last, None };
+
+  // The result of one prefill/extend over the rows that ran. Row b's tokens are
+  // [offsets[b], offsets[b + 1]) of `captured` (and of `logits` with Logits::All; with
+  // Logits::Last, logits row j is the last token of the j-th row that ran, in row order).
+  struct Step {
+    at::Tensor logits;    // [T or rows that ran, vocab] float32 (undefined with Logits::None)
+    at::Tensor captured;  // [T, K * H] model dtype (undefined without capture ids)
+    std::vector<int64_t> offsets;  // [rows + 1]
+  };
+
+  // Appends tokens[b] to row b at positions length(b), length(b) + 1, ... (tokens.size() must
+  // be rows(); an empty list leaves the row untouched). Exceeding the capacity or a token
+  // outside the vocabulary is a UserError.
+  Step extend(const std::vector<std::vector<int64_t>>& tokens, Logits logits = Logits::All);
+  // extend() for rows that are all empty (a batch of prompts): same result, requires
+  // length(b) == 0 for every row with tokens.
+  Step prefill(const std::vector<std::vector<int64_t>>& prompts, Logits logits = Logits::Last);
+
+  // Drops row b's tokens at positions >= len (len <= length(b)); their slots are zeroed.
+  void crop(int64_t row, int64_t len);
+  // crop(b, lens[b]) for every row.
+  void crop(const std::vector<int64_t>& lens);
+
+  int64_t rows() const { return rows_; }
+  int64_t capacity() const { return capacity_; }
+  int64_t length(int64_t row) const { return len_.at(row); }
+  const std::vector<int64_t>& lengths() const { return len_; }
+  const std::vector<int64_t>& capture_ids() const { return capture_ids_; }
+  const TargetModel& model() const { return model_; }
+  // Layer l's keys / values [rows, capacity, nkv, head_dim] (tests check the zero invariant).
+  const at::Tensor& keys(int64_t layer) const { return k_.at(layer); }
+  const at::Tensor& values(int64_t layer) const { return v_.at(layer); }
+
+ private:
+  const TargetModel& model_;
+  int64_t rows_, capacity_;
+  std::vector<int64_t> capture_ids_;
+  std::vector<int64_t> len_;
+  std::vector<at::Tensor> k_, v_;
+};
+
+// Greedy decoding of a batch of prompts on a TargetCache: up to `max_new_tokens` new tokens per
+// prompt; a row stops after the first token in `stop_ids` it produces (included). Rows are
+// independent: a row's output does not depend on the other prompts. Returns the new tokens.
+std::vector<std::vector<int64_t>> greedy_generate(const TargetModel& model,
+                                                  const std::vector<std::vector<int64_t>>& prompts,
+                                                  int64_t max_new_tokens,
+                                                  const std::vector<int64_t>& stop_ids);
+
+}  // namespace dflash::model
