@@ -9,6 +9,7 @@ length form one batch (no padding). Deterministic from --seed. Written as token 
 (docs/data_format.md).
 
   python tools/make_demo_data.py --model runs/demo/target --out runs/demo/data [--num-docs 384]
+      [--prompts-out runs/demo/prompts.jsonl]   (held-out eval prompts; data kept if present)
 """
 from __future__ import annotations
 
@@ -66,6 +67,24 @@ def make(model_dir: str, out: str, num_docs: int = 384, new_tokens: int = 56, pr
     return out
 
 
+def make_prompts(model_dir: str, out: str, num_prompts: int = 32, prompt_lens=(8, 16, 24), seed: int = 1,
+                 log=sys.stderr) -> str:
+    """Held-out prompts for `dflash_rank eval` / eval during training (docs/eval.md): random
+    prompts like the data's, from another seed, as {"input_ids": [...]} JSONL."""
+    import torch
+    info = os.path.join(model_dir, "dflash_demo.json")
+    real_vocab = json.load(open(info))["real_vocab"]
+    g = torch.Generator().manual_seed(1_000_003 + seed)  # never the data's generator state
+    tmp = out + ".tmp"
+    with open(tmp, "w") as f:
+        for i in range(num_prompts):
+            n = prompt_lens[i % len(prompt_lens)]
+            f.write(json.dumps({"id": i, "input_ids": torch.randint(0, real_vocab, (n,), generator=g).tolist()}) + "\n")
+    os.replace(tmp, out)
+    print(f"make_demo_data: {num_prompts} held-out prompts -> {out}", file=log)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="target directory (tools/make_tiny_target.py)")
@@ -73,7 +92,13 @@ def main(argv=None) -> int:
     ap.add_argument("--num-docs", type=int, default=384)
     ap.add_argument("--new-tokens", type=int, default=56)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--prompts-out", help="also write held-out eval prompts (JSONL) here")
+    ap.add_argument("--num-prompts", type=int, default=32)
     a = ap.parse_args(argv)
+    if a.prompts_out:
+        make_prompts(a.model, a.prompts_out, a.num_prompts)
+        if os.path.exists(os.path.join(a.out, "prepare_info.json")):
+            return 0
     make(a.model, a.out, a.num_docs, a.new_tokens, seed=a.seed)
     return 0
 

@@ -10,7 +10,11 @@ Token ids >= --real-vocab are "special": their lm_head rows are zero, so greedy 
 emits them (the random logits of the real ids have a positive maximum), and the drafter's MASK
 token (the last id) never appears in the data, as with Qwen3's <|MASK|> (DFLASH.md §1.3).
 
-  python tools/make_tiny_target.py --out runs/demo/target [--seed 0]
+  python tools/make_tiny_target.py --out runs/demo/target [--seed 0] [--family qwen3|qwen3_moe|qwen3_5]
+
+--family picks the architecture at the same width: qwen3 (dense, the demo's), qwen3_moe (4 experts,
+top-2 renormalised, layer 0 dense) or qwen3_5 (Qwen3_5ForCausalLM: Gated DeltaNet + gated
+attention layers, [linear, linear, full] x 2, partial RoPE).
 """
 from __future__ import annotations
 
@@ -28,21 +32,48 @@ SHAPE = dict(vocab_size=512, hidden_size=64, intermediate_size=192, num_hidden_l
 REAL_VOCAB = 500
 
 
-def make(out: str, seed: int = 0, init_std: float = 0.05, real_vocab: int = REAL_VOCAB, **overrides) -> str:
+FAMILIES = {
+    "qwen3": {},
+    "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=48, norm_topk_prob=True,
+                      mlp_only_layers=[0]),
+    "qwen3_5": dict(linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                    linear_value_head_dim=16, linear_conv_kernel_dim=4,
+                    layer_types=["linear_attention", "linear_attention", "full_attention"] * 2),
+}
+
+
+def make(out: str, seed: int = 0, init_std: float = None, real_vocab: int = REAL_VOCAB, family: str = "qwen3",
+         **overrides) -> str:
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
-    shape = dict(SHAPE, **overrides)
+    import transformers as tr
+    if init_std is None:  # greedy text with loops, like an LM's (qwen3_5 is chaotic at 0.05)
+        init_std = 0.02 if family == "qwen3_5" else 0.05
+    shape = dict(SHAPE, **FAMILIES[family], **overrides)
     rope_theta = shape.pop("rope_theta")
-    cfg = Qwen3Config(**shape, initializer_range=init_std, attention_bias=False, use_sliding_window=False,
-                      bos_token_id=real_vocab, eos_token_id=real_vocab + 1, pad_token_id=real_vocab + 2,
-                      rope_parameters={"rope_theta": rope_theta, "rope_type": "default"})
+    rope = {"rope_theta": rope_theta, "rope_type": "default"}
+    common = dict(initializer_range=init_std, attention_bias=False, bos_token_id=real_vocab,
+                  eos_token_id=real_vocab + 1, pad_token_id=real_vocab + 2)
+    if family == "qwen3_5":
+        cfg = tr.Qwen3_5TextConfig(**shape, **common, rope_parameters=dict(rope, partial_rotary_factor=0.5))
+        Model = tr.Qwen3_5ForCausalLM
+    else:
+        Cfg, Model = ((tr.Qwen3Config, tr.Qwen3ForCausalLM) if family == "qwen3"
+                      else (tr.Qwen3MoeConfig, tr.Qwen3MoeForCausalLM))
+        cfg = Cfg(**shape, **common, use_sliding_window=False, rope_parameters=rope)
     torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(cfg).float().eval()
+    model = Model(cfg).float().eval()
     with torch.no_grad():
-        # Norm weights are 1 after init; perturb them so a wrong norm shows in the features.
+        # Norm weights are neutral after init; perturb them so a wrong norm shows in the features
+        # (qwen3_5's RMSNorms scale by 1 + w, except the gated norm of its linear attention).
+        zero_centered = family == "qwen3_5"
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
-                p.copy_(1 + 0.1 * torch.randn_like(p))
+                center = 0.0 if zero_centered and "linear_attn.norm" not in name else 1.0
+                p.copy_(center + 0.1 * torch.randn_like(p))
+        if init_std < 0.05:
+            # The LM head at the demo's 0.05 scale (greedy text unchanged, logits as confident
+            # as the qwen3 demo's: the drafter shares this head).
+            model.lm_head.weight.mul_(0.05 / init_std)
         model.lm_head.weight[real_vocab:] = 0
     tmp = out.rstrip("/") + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -59,11 +90,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--init-std", type=float, default=0.05,
-                    help="std of the random weights; 0.05 makes greedy text with loops and transitions, like an LM's")
+    ap.add_argument("--family", choices=sorted(FAMILIES), default="qwen3")
+    ap.add_argument("--init-std", type=float, default=None,
+                    help="std of the random weights (default 0.05, qwen3_5 0.02: greedy text with loops and "
+                         "transitions, like an LM's)")
     a = ap.parse_args(argv)
-    make(a.out, a.seed, a.init_std)
-    print(f"make_tiny_target: wrote {a.out} (seed {a.seed})", file=sys.stderr)
+    make(a.out, a.seed, a.init_std, family=a.family)
+    print(f"make_tiny_target: wrote {a.out} ({a.family}, seed {a.seed})", file=sys.stderr)
     return 0
 
 

@@ -17,8 +17,10 @@ say() { echo "[setup] $*" >&2; }
 TORCH_VERSION=2.11.0
 APT_PACKAGES=(build-essential cmake ninja-build git python3 python3-venv python3-dev
   openmpi-bin libopenmpi-dev libyaml-cpp-dev libfmt-dev libgtest-dev googletest
-  slurmctld slurmd slurm-client munge libpmix-dev)
-PIP_PACKAGES=("torch==${TORCH_VERSION}" "transformers>=4.56" safetensors tokenizers numpy pytest jinja2)
+  slurmctld slurmd slurm-client munge libpmix-dev
+  wamerican)  # /usr/share/dict/words: topic prompts (tools/make_prompts.py)
+PIP_PACKAGES=("torch==${TORCH_VERSION}" "transformers>=4.56" safetensors tokenizers numpy pytest jinja2
+  gguf accelerate)  # gguf, accelerate: transformers' GGUF loader (tools/get_smollm2.py)
 
 # ---- system packages ------------------------------------------------------------------------
 missing=()

@@ -149,6 +149,41 @@ struct CheckpointConfig {
   }
 };
 
+struct EvalConfig {
+  std::string drafter_dir;
+  std::string prompts;
+  int64_t max_new_tokens = 256;
+  int64_t batch_size = 16;
+  int64_t block_size = 0;  // 0: the drafter's
+  double temperature = 0;
+  int64_t seed = -1;       // -1: run.seed
+  bool stop_at_eos = true;
+  std::vector<int64_t> stop_token_ids;
+  std::string out;
+  std::string device = "auto";
+  bool baseline = true;
+  int64_t max_prompts = 0;
+  int64_t every = 0;
+  int64_t rank = -1;
+  template <class V> void visit(V& v) {
+    v("drafter_dir", drafter_dir, "exported drafter to evaluate (dflash_rank eval; training uses the live one)");
+    v("prompts", prompts, "JSONL of {\"input_ids\": [...]} prompts (tools/prepare_prompts.py renders chat)");
+    v("max_new_tokens", max_new_tokens, "new tokens per prompt");
+    v("batch_size", batch_size, "prompts decoded together (rows advance independently)");
+    v("block_size", block_size, "tokens per verify block (0: the drafter's block_size)");
+    v("temperature", temperature, "0: greedy; > 0: seeded sampling, target-only acceptance rule");
+    v("seed", seed, "seed of the sampler (-1: run.seed)");
+    v("stop_at_eos", stop_at_eos, "stop a prompt at the target's eos ids (config/generation_config.json)");
+    v("stop_token_ids", stop_token_ids, "more token ids that end a prompt's output");
+    v("out", out, "JSON report path (empty: <run.dir>/eval.json; training: <run.dir>/eval/)");
+    v("device", device, "dflash_rank eval: auto (cuda:0 if present, else cpu), cpu, cuda or cuda:N");
+    v("baseline", baseline, "also decode without the drafter (speedup, equal-output rate)");
+    v("max_prompts", max_prompts, "use only the first N prompts (0: all)");
+    v("every", every, "training: optimizer steps between evals (0: off)");
+    v("rank", rank, "training: rank that runs the eval (-1: the last target rank; colocated: the process)");
+  }
+};
+
 struct Config {
   RunConfig run;
   LayoutConfig layout;
@@ -159,6 +194,7 @@ struct Config {
   DataConfig data;
   TrainConfig train;
   CheckpointConfig checkpoint;
+  EvalConfig eval;
   template <class V> void visit(V& v) {
     v.section("run", run);
     v.section("layout", layout);
@@ -169,6 +205,7 @@ struct Config {
     v.section("data", data);
     v.section("train", train);
     v.section("checkpoint", checkpoint);
+    v.section("eval", eval);
   }
 };
 

@@ -2,6 +2,9 @@
 //
 //   dflash_rank --config FILE.yaml [section.key=value ...] [--print-config] [--resume]
 //               [--comm-check [N]] [--whoami]
+//   dflash_rank eval --config FILE.yaml [eval.key=value ...]   (trainer/eval/evaluate.h)
+//   dflash_rank regenerate --model DIR --in ITEMS.jsonl --out RESULTS.jsonl ...
+//               (one process, no communicator: trainer/eval/regenerate.h)
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -12,6 +15,8 @@
 #include "comm/watchdog.h"
 #include "comm/whoami.h"
 #include "trainer/config.h"
+#include "trainer/eval/evaluate.h"
+#include "trainer/eval/regenerate.h"
 #include "trainer/roles/comm_check.h"
 #include "trainer/roles/startup.h"
 #include "trainer/roles/training.h"
@@ -69,7 +74,24 @@ Args parse_args(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc > 1 && std::strcmp(argv[1], "regenerate") == 0) {  // one process, no communicator
+    try {
+      return dflash::eval::regenerate_command(argc - 1, argv + 1);
+    } catch (const dflash::UserError& e) {
+      std::fprintf(stderr, "dflash_rank: error: %s\n", e.what());
+      return dflash::kExitUser;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "dflash_rank: internal error: %s\n", e.what());
+      return dflash::kExitInternal;
+    }
+  }
   try {
+    if (argc > 1 && std::strcmp(argv[1], "eval") == 0) {  // one process, no communicator
+      Args args = parse_args(argc - 1, argv + 1);
+      dflash::Config cfg = dflash::load_config(args.config_path, args.overrides);
+      if (args.print_config) return std::fputs(dflash::to_yaml(cfg).c_str(), stdout), dflash::kExitOk;
+      return dflash::eval::run_eval_command(cfg);
+    }
     Args args = parse_args(argc, argv);
     dflash::Config cfg = dflash::load_config(args.config_path, args.overrides);
     if (args.print_config) {

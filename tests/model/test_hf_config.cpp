@@ -129,3 +129,58 @@ TEST(TargetSettings, ResolveLayerIdsAndDtype) {
   EXPECT_EQ(dflash::model::resolve_dtype("bfloat16", at::kCPU), at::kBFloat16);
   EXPECT_THROW(dflash::model::resolve_dtype("int8", at::kCPU), UserError);
 }
+
+// The qwen3_moe / qwen3_5 keys (their math is checked against transformers in
+// test_target_moe.py and test_target_qwen35.py; here: defaults, the wrapper layout, the rules).
+TEST(HfConfigFamilies, Qwen3MoeSparseRule) {
+  using dflash::model::TargetFamily;
+  auto c = parse_hf_config(R"({"model_type":"qwen3_moe","hidden_size":64,"num_hidden_layers":6,
+    "num_attention_heads":4,"vocab_size":100,"num_local_experts":8,"num_experts_per_tok":2,
+    "moe_intermediate_size":32,"decoder_sparse_step":2,"mlp_only_layers":[3]})", "c");
+  EXPECT_EQ(c.family, TargetFamily::Qwen3Moe);
+  EXPECT_EQ(c.num_experts, 8);
+  EXPECT_EQ(c.intermediate_size, 6144);  // transformers' default, used by dense layers only
+  EXPECT_EQ(c.head_dim, 16);             // hidden / heads, as Qwen3MoeConfig
+  std::vector<bool> moe;
+  for (int64_t l = 0; l < 6; ++l) moe.push_back(c.is_moe_layer(l));
+  EXPECT_EQ(moe, (std::vector<bool>{false, true, false, false, false, true}));
+  EXPECT_THROW(parse_hf_config(R"({"model_type":"qwen3_moe","hidden_size":64,"num_hidden_layers":6,
+    "num_attention_heads":4,"vocab_size":100,"num_experts":2,"num_experts_per_tok":3,
+    "moe_intermediate_size":32})", "c"), UserError);
+}
+
+TEST(HfConfigFamilies, Qwen35WrapperAndDefaults) {
+  auto c = parse_hf_config(R"({"model_type":"qwen3_5","architectures":["Qwen3_5ForConditionalGeneration"],
+    "image_token_id":248056,"tie_word_embeddings":false,"vision_config":{"depth":1},
+    "text_config":{"hidden_size":64,"num_hidden_layers":8,"num_attention_heads":4,"num_key_value_heads":2,
+      "intermediate_size":96,"vocab_size":248320,"eos_token_id":248044,
+      "rope_parameters":{"rope_type":"default","rope_theta":1e7,"partial_rotary_factor":0.25,
+        "mrope_section":[11,11,10],"mrope_interleaved":true}}})", "c");
+  EXPECT_EQ(c.weight_prefix, "model.language_model.");
+  EXPECT_TRUE(c.has_vision);
+  EXPECT_EQ(c.image_token_id.value_or(-1), 248056);
+  EXPECT_EQ(c.head_dim, 256);
+  EXPECT_EQ(c.rotary_dim, 64);
+  EXPECT_EQ(dflash::model::rope_inv_freq(c).numel(), 32);
+  EXPECT_TRUE(c.zero_centered_norm && c.attn_output_gate);
+  std::vector<bool> lin;
+  for (int64_t l = 0; l < 8; ++l) lin.push_back(c.is_linear_layer(l));
+  EXPECT_EQ(lin, (std::vector<bool>{true, true, true, false, true, true, true, false}));
+  EXPECT_EQ(c.linear_conv_dim(), 2 * 16 * 128 + 32 * 128);
+  EXPECT_EQ(c.eos_token_ids, (std::vector<int64_t>{248044}));
+  // Not supported: named in the message.
+  for (const char* bad : {R"({"model_type":"gpt_oss"})",
+                          R"({"model_type":"qwen3_5","text_config":null})",
+                          R"({"model_type":"qwen3_5_text","hidden_size":64,"num_hidden_layers":2,
+                              "num_attention_heads":4,"intermediate_size":96,"vocab_size":10,
+                              "layer_types":["linear_attention","sliding_attention"]})"}) {
+    try {
+      parse_hf_config(bad, "c");
+      ADD_FAILURE() << bad;
+    } catch (const UserError& e) {
+      std::string m = e.what();
+      EXPECT_TRUE(m.find("gpt_oss") != std::string::npos || m.find("text_config") != std::string::npos ||
+                  m.find("sliding_attention") != std::string::npos) << m;
+    }
+  }
+}

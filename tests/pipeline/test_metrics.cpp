@@ -28,7 +28,7 @@ TEST(Metrics, LineAndJson) {
   m.mem_gb = 23.1;
   m.elapsed_s = 61.5;
   const std::string line = metrics::format_line(m);
-  for (const char* s : {"step 120/400", "loss 3.4122", "acc 0.412", "tau 2.31", "lr 4.20e-04", "gnorm 0.830",
+  for (const char* s : {"step 120/400", "loss 3.4122", "acc 0.412", "tau_est 2.31", "tau -", "lr 4.20e-04", "gnorm 0.830",
                         "tok/s target 12.3K drafter 11.9K", "wait target 0.120s drafter 0.030s", "mfu 41.2%",
                         "mem 23.1 GB"})
     EXPECT_NE(line.find(s), std::string::npos) << s << " in " << line;
@@ -38,6 +38,14 @@ TEST(Metrics, LineAndJson) {
   EXPECT_DOUBLE_EQ(v.find("loss")->as_double("loss"), 3.41215);
   EXPECT_DOUBLE_EQ(v.find("target_tok_s")->as_double("t"), 12345);
   EXPECT_DOUBLE_EQ(v.find("mfu")->as_double("mfu"), 0.412);
+  EXPECT_DOUBLE_EQ(v.find("tau_est")->as_double("tau_est"), 2.314);
+  EXPECT_TRUE(v.find("tau")->is_null());  // no evaluation yet
+  m.eval_tau = 1.618, m.eval_step = 100, m.eval_s = 3.14;
+  EXPECT_NE(metrics::format_line(m).find("tau 1.62@100 (eval 3.1s)"), std::string::npos) << metrics::format_line(m);
+  json::Value e = json::parse(metrics::to_json(m), "metrics");
+  EXPECT_DOUBLE_EQ(e.find("tau")->as_double("tau"), 1.618);
+  EXPECT_EQ(e.find("tau_step")->as_int("tau_step"), 100);
+  EXPECT_DOUBLE_EQ(e.find("eval_s")->as_double("eval_s"), 3.14);
   m.mfu = -1;
   EXPECT_NE(metrics::format_line(m).find("mfu -"), std::string::npos);
   EXPECT_TRUE(json::parse(metrics::to_json(m), "metrics").find("mfu")->is_null());

@@ -33,18 +33,23 @@ std::string human(double x) {
 std::string format_line(const StepMetrics& m) {
   std::string mfu = m.mfu < 0 ? "-" : fmt::format("{:.1f}%", 100.0 * m.mfu);
   return fmt::format(
-      "step {}/{} | loss {:.4f} | acc {:.3f} | tau {:.2f} | lr {:.2e} | gnorm {:.3f} | tok/s target {} drafter {} "
-      "| wait target {:.3f}s drafter {:.3f}s | mfu {} | mem {:.1f} GB",
-      m.step, m.total_steps, m.loss, m.accuracy, m.tau, m.lr, m.grad_norm, human(m.target_tok_s),
+      "step {}/{} | loss {:.4f} | acc {:.3f} | tau_est {:.2f} | tau {} | lr {:.2e} | gnorm {:.3f} | tok/s target {} "
+      "drafter {} | wait target {:.3f}s drafter {:.3f}s | mfu {} | mem {:.1f} GB",
+      m.step, m.total_steps, m.loss, m.accuracy, m.tau,
+      m.eval_tau < 0 ? std::string("-") : fmt::format("{:.2f}@{} (eval {:.1f}s)", m.eval_tau, m.eval_step, m.eval_s),
+      m.lr, m.grad_norm, human(m.target_tok_s),
       human(m.drafter_tok_s), m.target_wait_s, m.drafter_wait_s, mfu, m.mem_gb);
 }
 
 std::string to_json(const StepMetrics& m) {
   return fmt::format(
       "{{\"step\": {}, \"total_steps\": {}, \"epoch\": {}, \"batch\": {}, \"loss\": {}, \"accuracy\": {}, "
-      "\"tau\": {}, \"lr\": {}, \"grad_norm\": {}, \"target_tok_s\": {}, \"drafter_tok_s\": {}, "
+      "\"tau_est\": {}, \"tau\": {}, \"tau_step\": {}, \"eval_s\": {}, \"lr\": {}, \"grad_norm\": {}, "
+      "\"target_tok_s\": {}, \"drafter_tok_s\": {}, "
       "\"target_wait_s\": {}, \"drafter_wait_s\": {}, \"mfu\": {}, \"mem_gb\": {}, \"elapsed_s\": {}}}",
-      m.step, m.total_steps, m.epoch, m.batch, num(m.loss), num(m.accuracy), num(m.tau), num(m.lr),
+      m.step, m.total_steps, m.epoch, m.batch, num(m.loss), num(m.accuracy), num(m.tau),
+      m.eval_tau < 0 ? std::string("null") : num(m.eval_tau), m.eval_step, m.eval_tau < 0 ? std::string("null") : num(m.eval_s),
+      num(m.lr),
       num(m.grad_norm), num(m.target_tok_s), num(m.drafter_tok_s), num(m.target_wait_s), num(m.drafter_wait_s),
       m.mfu < 0 ? "null" : num(m.mfu), num(m.mem_gb), num(m.elapsed_s));
 }

@@ -3,7 +3,11 @@
 // Owns: the metrics file (appended, one JSON object per log interval, flushed each time) and the
 // definitions of the derived numbers (docs/training.md):
 //   loss, accuracy, tau  means over the interval's optimizer steps (each step's value is the mean
-//                        over its D x grad_accum batches)
+//                        over its D x grad_accum batches); `tau` is the training ESTIMATE
+//                        (printed and written as tau_est)
+//   eval_tau, eval_step  the real acceptance length of the latest evaluation during training
+//                        (docs/eval.md) and the step whose weights it measured (< 0 / 0: none yet)
+//   eval_s               the cost (seconds) of that evaluation on the rank that ran it
 //   lr, grad_norm        of the interval's last step
 //   target_tok_s         the targets' supply capacity: T x (tokens forwarded / busy seconds)
 //                        summed over the interval's batches (busy = read + forward + capture)
@@ -26,7 +30,10 @@ struct StepMetrics {
   int64_t total_steps = 0;
   int64_t epoch = 0;
   int64_t batch = 0;        // global batch cursor after this step
-  double loss = 0, accuracy = 0, tau = 0;
+  double loss = 0, accuracy = 0, tau = 0;  // tau: the estimate (tau_est)
+  double eval_tau = -1;     // < 0: no evaluation yet
+  int64_t eval_step = 0;
+  double eval_s = 0;
   double lr = 0, grad_norm = 0;
   double target_tok_s = 0, drafter_tok_s = 0;
   double target_wait_s = 0, drafter_wait_s = 0;
@@ -35,7 +42,7 @@ struct StepMetrics {
   double elapsed_s = 0;     // since training started
 };
 
-// "step 120/400 | loss 3.4121 | acc 0.412 | tau 2.31 | lr 4.20e-04 | gnorm 0.830 | tok/s target
+// "step 120/400 | loss 3.4121 | acc 0.412 | tau_est 2.31 | tau 1.62@100 (eval 3.1s) | lr 4.20e-04 | gnorm 0.830 | tok/s target
 //  12.3K drafter 11.9K | wait target 0.120s drafter 0.030s | mfu 41.2% | mem 23.1 GB"
 std::string format_line(const StepMetrics& m);
 // One JSON object (one line, no newline), every field of StepMetrics (mfu null when < 0).

@@ -96,7 +96,21 @@ TargetInfo target_info(const HfConfig& c) {
   if (c.max_position_embeddings > 0) t.max_position_embeddings = c.max_position_embeddings;
   t.bos_token_id = c.bos_token_id.value_or(-1);
   t.eos_token_id = c.eos_token_ids.empty() ? -1 : c.eos_token_ids.front();
-  t.mask_token_id = (c.model_type == "qwen3" && c.vocab_size == 151936) ? 151669 : -1;
+  t.mask_token_id = ((c.model_type == "qwen3" || c.model_type == "qwen3_moe") && c.vocab_size == 151936) ? 151669 : -1;
+  if (c.family == TargetFamily::Qwen35) {
+    // The released Qwen3.5/3.6 drafters (z-lab, configs as quoted publicly): for the targets'
+    // 256-wide gated attention heads, Qwen3 attention of 32 heads x 128 with 8 kv heads for dense
+    // targets (Qwen3.6-27B) and 4 for MoE ones (Qwen3.6-35B-A3B); smaller (test) targets keep
+    // their own head shape. MLP width: the target's intermediate_size, or 3 H for MoE targets
+    // without one (35B-A3B: 6144). MASK 248070 (DFLASH.md §1.3).
+    if (c.head_dim > 128) {
+      t.num_heads = 32;
+      t.head_dim = 128;
+      t.num_kv_heads = c.num_experts > 0 ? 4 : 8;
+    }
+    if (t.intermediate_size <= 0) t.intermediate_size = 3 * c.hidden_size;
+    if (c.vocab_size == 248320) t.mask_token_id = 248070;
+  }
   return t;
 }
 

@@ -1,4 +1,4 @@
-// config.json parsing for qwen3/llama targets (see hf_config.h).
+// config.json parsing for the supported target families (see hf_config.h).
 #include "trainer/model/hf_config.h"
 
 #include <algorithm>
@@ -29,7 +29,31 @@ double check_positive_finite(double v, const std::string& what, double max) {
   return v;
 }
 
-constexpr const char* kSupported = "model_type \"qwen3\" (Qwen3ForCausalLM) and \"llama\" (LlamaForCausalLM)";
+constexpr const char* kSupported =
+    "model_type \"qwen3\" (Qwen3ForCausalLM), \"llama\" (LlamaForCausalLM), \"qwen3_moe\" "
+    "(Qwen3MoeForCausalLM), \"qwen3_5\" / \"qwen3_5_text\" (Qwen3_5ForConditionalGeneration, "
+    "Qwen3_5ForCausalLM), \"qwen3_5_moe\" / \"qwen3_5_moe_text\" (Qwen3_5MoeForConditionalGeneration, "
+    "Qwen3_5MoeForCausalLM)";
+
+struct Family {
+  const char* model_type;
+  TargetFamily family;
+  bool wrapper;  // the text model is under "text_config", weights under model.language_model.
+  std::vector<std::string> architectures;
+};
+
+const std::vector<Family>& families() {
+  static const std::vector<Family> f = {
+      {"qwen3", TargetFamily::Dense, false, {"Qwen3ForCausalLM", "Qwen3Model"}},
+      {"llama", TargetFamily::Dense, false, {"LlamaForCausalLM", "LlamaModel"}},
+      {"qwen3_moe", TargetFamily::Qwen3Moe, false, {"Qwen3MoeForCausalLM", "Qwen3MoeModel"}},
+      {"qwen3_5", TargetFamily::Qwen35, true, {"Qwen3_5ForConditionalGeneration"}},
+      {"qwen3_5_text", TargetFamily::Qwen35, false, {"Qwen3_5ForCausalLM", "Qwen3_5TextModel"}},
+      {"qwen3_5_moe", TargetFamily::Qwen35, true, {"Qwen3_5MoeForConditionalGeneration"}},
+      {"qwen3_5_moe_text", TargetFamily::Qwen35, false, {"Qwen3_5MoeForCausalLM", "Qwen3_5MoeTextModel"}},
+  };
+  return f;
+}
 
 struct Reader {
   const json::Value& root;
@@ -63,7 +87,7 @@ struct Reader {
   }
 };
 
-void read_rope(const json::Value& root, const std::string& where, HfConfig& c) {
+void read_rope(const json::Value& root, const std::string& where, HfConfig& c, bool partial_ok) {
   // transformers 5: rope_parameters {rope_type, rope_theta, ...}; transformers 4: top-level
   // rope_theta and an optional rope_scaling {type|rope_type, factor, ...}.
   const json::Value* params = root.find("rope_parameters");
@@ -82,6 +106,8 @@ void read_rope(const json::Value& root, const std::string& where, HfConfig& c) {
   for (const auto& [k, v] : obj) {
     if (v.is_object())
       throw_user("{}: per-layer-type RoPE parameters ('{}') are not supported", w, k);
+    if (v.is_array() && k != "mrope_section")
+      throw_user("{}: RoPE parameter '{}' (a list) is not supported", w, k);
   }
   if (const json::Value* t = params->find("rope_theta"); t && !t->is_null())
     c.rope.theta = check_positive_finite(t->as_double(w + ".rope_theta"), w + ".rope_theta", kMaxTheta);
@@ -90,9 +116,16 @@ void read_rope(const json::Value& root, const std::string& where, HfConfig& c) {
     type = t->as_string(w + ".rope_type");
   else if (const json::Value* t2 = params->find("type"); t2 && !t2->is_null())
     type = t2->as_string(w + ".type");
-  if (const json::Value* p = params->find("partial_rotary_factor");
-      p && !p->is_null() && p->as_double(w + ".partial_rotary_factor") != 1.0)
-    throw_user("{}.partial_rotary_factor != 1 is not supported", w);
+  if (const json::Value* p = params->find("partial_rotary_factor"); p && !p->is_null()) {
+    double f = p->as_double(w + ".partial_rotary_factor");
+    if (f != 1.0 && !partial_ok) throw_user("{}.partial_rotary_factor != 1 is not supported", w);
+    if (!(f > 0 && f <= 1)) throw_user("{}.partial_rotary_factor must be in (0, 1], found {}", w, f);
+    c.rotary_dim = int64_t(double(c.head_dim) * f);  // int(), as transformers
+  }
+  // Multimodal RoPE (qwen3_5): with text-only input all three position streams are the token
+  // position, so every frequency sees the same position and it reduces to ordinary RoPE.
+  if (!partial_ok && (params->find("mrope_section") || params->find("mrope_interleaved")))
+    throw_user("{}: multimodal RoPE (mrope_section) is only supported for qwen3_5 targets", w);
   c.rope.type = type;
   if (type == "default") return;
   if (type != "llama3")
@@ -119,72 +152,190 @@ void read_rope(const json::Value& root, const std::string& where, HfConfig& c) {
 
 }  // namespace
 
+namespace {
+
+// The qwen3_moe / qwen3_5 keys (read from the text config `r`).
+void read_family_keys(const Reader& r, const json::Value& top, HfConfig& c) {
+  const std::string& where = r.where;
+  const bool moe = c.family == TargetFamily::Qwen3Moe || c.model_type.rfind("qwen3_5_moe", 0) == 0;
+  if (moe) {
+    // transformers 5 writes num_local_experts (attribute_map), released checkpoints num_experts.
+    c.num_experts = r.get("num_experts") ? r.pos_int("num_experts") : r.pos_int("num_local_experts");
+    c.num_experts_per_tok = r.pos_int("num_experts_per_tok");
+    c.moe_intermediate_size = r.pos_int("moe_intermediate_size");
+    if (c.num_experts_per_tok > c.num_experts)
+      throw_user("{}: num_experts_per_tok {} exceeds num_experts {}", where, c.num_experts_per_tok,
+                 c.num_experts);
+  }
+  if (c.family == TargetFamily::Qwen3Moe) {
+    c.norm_topk_prob = r.boolean("norm_topk_prob", false);
+    c.decoder_sparse_step = r.pos_int("decoder_sparse_step", 1);
+    if (const json::Value* m = r.get("mlp_only_layers"))
+      for (const auto& v : m->as_array(r.what("mlp_only_layers"))) {
+        int64_t l = v.as_int(r.what("mlp_only_layers"));
+        if (l < 0 || l >= c.num_hidden_layers)
+          throw_user("{}: mlp_only_layers holds {}, outside [0, {})", where, l, c.num_hidden_layers);
+        c.mlp_only_layers.push_back(l);
+      }
+    if (r.get("shared_expert_intermediate_size") && r.pos_int("shared_expert_intermediate_size") > 0)
+      throw_user("{}: shared_expert_intermediate_size is not supported for qwen3_moe", where);
+    return;
+  }
+  // qwen3_5 family
+  c.zero_centered_norm = true;
+  c.attn_output_gate = r.boolean("attn_output_gate", true);
+  if (moe) {
+    c.norm_topk_prob = true;  // Qwen3_5MoeTopKRouter always renormalises
+    c.shared_expert_intermediate_size = r.pos_int("shared_expert_intermediate_size");
+    if (const json::Value* m = r.get("mlp_only_layers"); m && !m->as_array(r.what("mlp_only_layers")).empty())
+      throw_user("{}: mlp_only_layers is not supported for {}", where, c.model_type);
+  }
+  c.linear_conv_kernel_dim = r.pos_int("linear_conv_kernel_dim", 4);
+  c.linear_key_head_dim = r.pos_int("linear_key_head_dim", 128);
+  c.linear_value_head_dim = r.pos_int("linear_value_head_dim", 128);
+  c.linear_num_key_heads = r.pos_int("linear_num_key_heads", 16);
+  c.linear_num_value_heads = r.pos_int("linear_num_value_heads", 32);
+  if (c.linear_num_value_heads % c.linear_num_key_heads != 0)
+    throw_user("{}: linear_num_value_heads {} is not a multiple of linear_num_key_heads {}", where,
+               c.linear_num_value_heads, c.linear_num_key_heads);
+  if (const json::Value* lt = r.get("layer_types")) {
+    for (const auto& v : lt->as_array(r.what("layer_types"))) {
+      const std::string& t = v.as_string(r.what("layer_types"));
+      if (t != "full_attention" && t != "linear_attention")
+        throw_user("{}: layer_types holds '{}', not supported (full_attention, linear_attention)",
+                   where, t);
+      c.layer_types.push_back(t);
+    }
+    if (int64_t(c.layer_types.size()) != c.num_hidden_layers)
+      throw_user("{}: layer_types has {} entries, num_hidden_layers is {}", where,
+                 c.layer_types.size(), c.num_hidden_layers);
+  } else {
+    int64_t every = r.pos_int("full_attention_interval", 4);
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+      c.layer_types.push_back((i + 1) % every ? "linear_attention" : "full_attention");
+  }
+  if (const json::Value* v = top.find("vision_config"); v && !v->is_null()) c.has_vision = true;
+  for (auto [key, dst] : {std::pair{"image_token_id", &c.image_token_id},
+                          std::pair{"video_token_id", &c.video_token_id}})
+    if (const json::Value* v = top.find(key); v && !v->is_null() && c.weight_prefix != "model.")
+      *dst = v->as_int(fmt::format("{}: key '{}'", where, key));
+}
+
+}  // namespace
+
+bool HfConfig::is_moe_layer(int64_t l) const {
+  if (num_experts <= 0) return false;
+  for (int64_t m : mlp_only_layers)
+    if (m == l) return false;
+  return (l + 1) % decoder_sparse_step == 0;
+}
+
 HfConfig parse_hf_config(const std::string& text, const std::string& where) {
   json::Value root = json::parse(text, where);
   root.as_object(where);
-  Reader r{root, where};
   HfConfig c;
   c.path = where;
-  const json::Value* mt = r.get("model_type");
-  if (!mt) throw_user("{}: no 'model_type' (supported: {})", where, kSupported);
-  c.model_type = mt->as_string(r.what("model_type"));
-  if (c.model_type != "qwen3" && c.model_type != "llama")
+  const json::Value* mt = root.find("model_type");
+  if (!mt || mt->is_null()) throw_user("{}: no 'model_type' (supported: {})", where, kSupported);
+  c.model_type = mt->as_string(fmt::format("{}: key 'model_type'", where));
+  const Family* fam = nullptr;
+  for (const auto& f : families())
+    if (c.model_type == f.model_type) fam = &f;
+  if (!fam)
     throw_user("{}: model_type '{}' is not supported (supported: {})", where, c.model_type,
                kSupported);
-  const char* arch = c.model_type == "qwen3" ? "Qwen3ForCausalLM" : "LlamaForCausalLM";
-  if (const json::Value* a = r.get("architectures")) {
-    for (const auto& v : a->as_array(r.what("architectures"))) {
-      const std::string& s = v.as_string(r.what("architectures"));
-      if (s != arch && s != (c.model_type == "qwen3" ? "Qwen3Model" : "LlamaModel"))
+  c.family = fam->family;
+  if (const json::Value* a = root.find("architectures"); a && !a->is_null()) {
+    for (const auto& v : a->as_array(fmt::format("{}: key 'architectures'", where))) {
+      const std::string& s = v.as_string(fmt::format("{}: key 'architectures'", where));
+      if (std::find(fam->architectures.begin(), fam->architectures.end(), s) == fam->architectures.end())
         throw_user("{}: architecture '{}' is not supported for model_type '{}' (supported: {})",
                    where, s, c.model_type, kSupported);
     }
   }
-  const bool qwen = c.model_type == "qwen3";
+  // The text model's keys: top level, or text_config of a multimodal wrapper.
+  const json::Value* text_node = &root;
+  std::string text_where = where;
+  if (fam->wrapper) {
+    text_node = root.find("text_config");
+    if (!text_node || !text_node->is_object())
+      throw_user("{}: model_type '{}' needs a 'text_config' object", where, c.model_type);
+    text_where = where + " text_config";
+    c.weight_prefix = "model.language_model.";
+  }
+  Reader r{*text_node, text_where};
+  Reader top{root, where};
+  const bool qwen = c.model_type != "llama";
+  const bool q35 = c.family == TargetFamily::Qwen35;
   c.qk_norm = qwen;
   c.hidden_size = r.pos_int("hidden_size", std::nullopt, kMaxWidth);
   c.num_hidden_layers = r.pos_int("num_hidden_layers", std::nullopt, kMaxLayers);
   c.num_attention_heads = r.pos_int("num_attention_heads", std::nullopt, kMaxHeads);
   c.num_key_value_heads = r.pos_int("num_key_value_heads", c.num_attention_heads, kMaxHeads);
-  c.head_dim = r.pos_int("head_dim", std::max<int64_t>(1, qwen ? 128 : c.hidden_size / c.num_attention_heads), kMaxHeads);
-  c.intermediate_size = r.pos_int("intermediate_size", std::nullopt, kMaxFfn);
+  int64_t hd_default = c.model_type == "qwen3" ? 128 : q35 ? 256 : c.hidden_size / c.num_attention_heads;
+  c.head_dim = r.pos_int("head_dim", std::max<int64_t>(1, hd_default), kMaxHeads);
+  // MoE families use intermediate_size only for their dense layers (absent in qwen3_5_moe).
+  if (c.family == TargetFamily::Dense || c.model_type.rfind("qwen3_5_text", 0) == 0 || c.model_type == "qwen3_5")
+    c.intermediate_size = r.pos_int("intermediate_size", std::nullopt, kMaxFfn);
+  else
+    c.intermediate_size = r.get("intermediate_size") ? r.pos_int("intermediate_size", std::nullopt, kMaxFfn)
+                          : c.family == TargetFamily::Qwen3Moe ? 6144 : 0;  // transformers' default
   c.vocab_size = r.pos_int("vocab_size");
   c.max_position_embeddings = r.pos_int("max_position_embeddings", qwen ? 32768 : 2048);
   c.rms_norm_eps = r.number("rms_norm_eps", 1e-6);
   if (!std::isfinite(c.rms_norm_eps) || !(c.rms_norm_eps > 0) || c.rms_norm_eps >= 1)
     throw_user("{} must be a finite number in (0, 1), found {}", r.what("rms_norm_eps"), c.rms_norm_eps);
-  c.tie_word_embeddings = r.boolean("tie_word_embeddings", false);
+  // A wrapper's tie_word_embeddings is its own top-level key (transformers reads that one).
+  c.tie_word_embeddings = fam->wrapper ? top.boolean("tie_word_embeddings", r.boolean("tie_word_embeddings", false))
+                                       : r.boolean("tie_word_embeddings", false);
   if (c.num_attention_heads % c.num_key_value_heads != 0)
-    throw_user("{}: num_attention_heads {} is not a multiple of num_key_value_heads {}", where,
+    throw_user("{}: num_attention_heads {} is not a multiple of num_key_value_heads {}", text_where,
                c.num_attention_heads, c.num_key_value_heads);
-  if (c.head_dim % 2 != 0) throw_user("{}: head_dim {} must be even for RoPE", where, c.head_dim);
+  if (c.head_dim % 2 != 0) throw_user("{}: head_dim {} must be even for RoPE", text_where, c.head_dim);
   if (const json::Value* act = r.get("hidden_act"); act && act->as_string(r.what("hidden_act")) != "silu")
-    throw_user("{}: hidden_act '{}' is not supported (only silu)", where, act->as_string(""));
+    throw_user("{}: hidden_act '{}' is not supported (only silu)", text_where, act->as_string(""));
   if (r.boolean("attention_bias", false))
-    throw_user("{}: attention_bias true is not supported", where);
-  if (r.boolean("mlp_bias", false)) throw_user("{}: mlp_bias true is not supported", where);
+    throw_user("{}: attention_bias true is not supported", text_where);
+  if (r.boolean("mlp_bias", false)) throw_user("{}: mlp_bias true is not supported", text_where);
   if (r.boolean("use_sliding_window", false))
-    throw_user("{}: use_sliding_window true is not supported", where);
-  if (const json::Value* lt = r.get("layer_types")) {
-    for (const auto& v : lt->as_array(r.what("layer_types")))
-      if (v.as_string(r.what("layer_types")) != "full_attention")
-        throw_user("{}: layer type '{}' is not supported (only full_attention)", where,
-                   v.as_string(""));
-  }
-  if (const json::Value* tp = r.get("pretraining_tp"); tp && tp->as_int(r.what("pretraining_tp")) != 1)
-    throw_user("{}: pretraining_tp != 1 is not supported", where);
-  read_rope(root, where, c);
-  if (const json::Value* b = r.get("bos_token_id")) c.bos_token_id = b->as_int(r.what("bos_token_id"));
-  if (const json::Value* e = r.get("eos_token_id")) {
-    if (e->is_array()) {
-      for (const auto& v : e->as_array(r.what("eos_token_id")))
-        c.eos_token_ids.push_back(v.as_int(r.what("eos_token_id")));
-    } else {
-      c.eos_token_ids.push_back(e->as_int(r.what("eos_token_id")));
+    throw_user("{}: use_sliding_window true is not supported", text_where);
+  if (!q35) {
+    if (const json::Value* lt = r.get("layer_types")) {
+      for (const auto& v : lt->as_array(r.what("layer_types")))
+        if (v.as_string(r.what("layer_types")) != "full_attention")
+          throw_user("{}: layer type '{}' is not supported for model_type '{}' (only full_attention)",
+                     text_where, v.as_string(""), c.model_type);
     }
   }
-  for (const char* key : {"torch_dtype", "dtype"})
+  if (const json::Value* tp = r.get("pretraining_tp"); tp && tp->as_int(r.what("pretraining_tp")) != 1)
+    throw_user("{}: pretraining_tp != 1 is not supported", text_where);
+  c.rotary_dim = c.head_dim;
+  if (q35) {
+    c.rotary_dim = int64_t(double(c.head_dim) * r.number("partial_rotary_factor", 0.25));
+  }
+  read_rope(*text_node, text_where, c, /*partial_ok=*/q35);
+  if (c.rotary_dim % 2 != 0 || c.rotary_dim <= 0)
+    throw_user("{}: rotary dims {} (head_dim * partial_rotary_factor) must be even and positive",
+               text_where, c.rotary_dim);
+  if (c.family != TargetFamily::Dense) read_family_keys(r, root, c);
+  auto read_ids = [&](const Reader& rd) {
+    if (const json::Value* b = rd.get("bos_token_id")) c.bos_token_id = b->as_int(rd.what("bos_token_id"));
+    if (const json::Value* e = rd.get("eos_token_id")) {
+      c.eos_token_ids.clear();
+      if (e->is_array()) {
+        for (const auto& v : e->as_array(rd.what("eos_token_id")))
+          c.eos_token_ids.push_back(v.as_int(rd.what("eos_token_id")));
+      } else {
+        c.eos_token_ids.push_back(e->as_int(rd.what("eos_token_id")));
+      }
+    }
+  };
+  read_ids(r);
+  if (fam->wrapper) read_ids(top);
+  for (const char* key : {"torch_dtype", "dtype"}) {
     if (const json::Value* d = r.get(key); d && d->is_string()) c.torch_dtype = d->as_string(key);
+    if (const json::Value* d = top.get(key); d && d->is_string()) c.torch_dtype = d->as_string(key);
+  }
   return c;
 }
 
@@ -196,7 +347,7 @@ HfConfig load_hf_config(const std::string& path) {
 }
 
 at::Tensor rope_inv_freq(const HfConfig& cfg) {
-  const int64_t dim = cfg.head_dim;
+  const int64_t dim = cfg.rotary_dim > 0 ? cfg.rotary_dim : cfg.head_dim;
   // As transformers: 1 / theta ** (arange(0, dim, 2).float() / dim), in float32.
   at::Tensor exponent = at::arange(0, dim, 2, at::kLong).to(at::kFloat) / double(dim);
   at::Tensor inv = at::reciprocal(at::pow(cfg.rope.theta, exponent));

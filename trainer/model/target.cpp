@@ -16,6 +16,7 @@
 #include "trainer/model/safetensors.h"
 #include "trainer/model/target_cache.h"
 #include "trainer/model/target_ops.h"
+#include "trainer/model/target_qwen35.h"
 
 namespace dflash::model {
 
@@ -136,7 +137,10 @@ std::vector<std::string> target_weight_names(const HfConfig& cfg, int64_t num_la
   return n;
 }
 
-void check_target_weights(const std::string& dir, const HfConfig& cfg) { (void)open_checked(dir, cfg); }
+void check_target_weights(const std::string& dir, const HfConfig& cfg) {
+  if (cfg.family != TargetFamily::Dense) return;  // the hybrid families check their weights at load
+  (void)open_checked(dir, cfg);
+}
 
 TargetModel TargetModel::load(const std::string& dir, at::ScalarType dtype, at::Device device,
                               const TargetLoadOptions& opts) {
@@ -146,6 +150,10 @@ TargetModel TargetModel::load(const std::string& dir, at::ScalarType dtype, at::
   m.cfg_ = load_hf_config(dir);
   m.dtype_ = dtype;
   m.device_ = device;
+  if (m.cfg_.family != TargetFamily::Dense) {  // qwen3_moe, qwen3_5, qwen3_5_moe
+    m.hybrid_ = HybridTarget::load(m.cfg_, dir, dtype, device, opts);
+    return m;
+  }
   const HfConfig& c = m.cfg_;
   int64_t L = opts.num_layers < 0 ? c.num_hidden_layers : opts.num_layers;
   if (L > c.num_hidden_layers)
@@ -212,6 +220,10 @@ TargetModel TargetModel::random(const HfConfig& cfg, at::ScalarType dtype, at::D
   m.cfg_ = cfg;
   m.dtype_ = dtype;
   m.device_ = device;
+  if (cfg.family != TargetFamily::Dense) {
+    m.hybrid_ = HybridTarget::random(cfg, dtype, device, seed, std);
+    return m;
+  }
   at::Generator gen = at::globalContext().defaultGenerator(device);
   {
     std::lock_guard<std::mutex> lock(gen.mutex());
@@ -242,6 +254,16 @@ TargetModel TargetModel::random(const HfConfig& cfg, at::ScalarType dtype, at::D
   m.inv_freq_ = rope_inv_freq(cfg).to(device);
   return m;
 }
+
+// ---- accessors (dispatching to the hybrid families) ---------------------------------------------
+
+int64_t TargetModel::num_layers_loaded() const {
+  return hybrid_ ? hybrid_->num_layers_loaded() : int64_t(layers_.size());
+}
+bool TargetModel::has_lm_head() const { return hybrid_ ? hybrid_->has_lm_head() : lm_head_.defined(); }
+const at::Tensor& TargetModel::embed_tokens() const { return hybrid_ ? hybrid_->embed_tokens() : embed_; }
+const at::Tensor& TargetModel::final_norm() const { return hybrid_ ? hybrid_->final_norm() : norm_; }
+const at::Tensor& TargetModel::lm_head() const { return hybrid_ ? hybrid_->lm_head() : lm_head_; }
 
 // ---- forward ---------------------------------------------------------------------------------
 
@@ -347,6 +369,7 @@ void check_layer_ids(const std::vector<int64_t>& ids, int64_t loaded) {
 
 TargetModel::Output TargetModel::forward(const at::Tensor& ids_in, const at::Tensor& cu_seqlens,
                                          const std::vector<int64_t>& layer_ids) const {
+  if (hybrid_) return hybrid_->forward(ids_in, cu_seqlens, layer_ids);
   c10::InferenceMode guard;
   check_ids(ids_in, cfg_.vocab_size);
   check_layer_ids(layer_ids, num_layers_loaded());
@@ -380,6 +403,7 @@ TargetModel::Output TargetModel::forward(const at::Tensor& ids_in, const at::Ten
 
 at::Tensor TargetModel::capture(const at::Tensor& ids_in, const at::Tensor& cu_seqlens,
                                 const std::vector<int64_t>& layer_ids) const {
+  if (hybrid_) return hybrid_->capture(ids_in, cu_seqlens, layer_ids);
   c10::InferenceMode guard;
   if (layer_ids.empty()) throw_user("target capture: no layer ids");
   check_ids(ids_in, cfg_.vocab_size);
@@ -404,7 +428,9 @@ at::Tensor TargetModel::capture(const at::Tensor& ids_in, const at::Tensor& cu_s
 TargetModel::Output TargetModel::forward_with(const at::Tensor& ids_in, const at::Tensor& positions,
                                               const std::vector<int64_t>& layer_ids,
                                               const Attention& attend,
-                                              const at::Tensor& logit_rows) const {
+                                              const at::Tensor& logit_rows,
+                                              const LinearMixer* linear) const {
+  if (hybrid_) return hybrid_->forward_with(ids_in, positions, layer_ids, attend, logit_rows, linear);
   c10::InferenceMode guard;
   if (!lm_head_.defined()) throw_user("target forward: the model was loaded without lm_head");
   check_ids(ids_in, cfg_.vocab_size);
@@ -480,6 +506,13 @@ TargetEmbeddings load_target_embeddings(const std::string& dir, at::ScalarType d
   c10::InferenceMode guard(false);
   TargetEmbeddings e;
   e.config = load_hf_config(dir);
+  if (e.config.family != TargetFamily::Dense) {
+    std::tie(e.embed_tokens, e.lm_head) = load_hybrid_embeddings(e.config, dir, dtype, device);
+    e.tied = e.config.tie_word_embeddings;
+    e.embed_tokens.requires_grad_(false);
+    e.lm_head.requires_grad_(false);
+    return e;
+  }
   st::SafeTensors file = open_checked(dir, e.config);
   const std::vector<int64_t> shape = {e.config.vocab_size, e.config.hidden_size};
   e.embed_tokens = file.load("model.embed_tokens.weight", dtype, device, &shape);

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <functional>
 #include <string>
 #include <vector>
@@ -24,6 +25,8 @@
 #include "trainer/model/hf_config.h"
 
 namespace dflash::model {
+
+class HybridTarget;  // qwen3_moe / qwen3_5 families (target_qwen35.h)
 
 struct TargetLoadOptions {
   // Load only decoder layers [0, num_layers) (-1: all). A model loaded with fewer layers can
@@ -51,8 +54,8 @@ class TargetModel {
   const HfConfig& config() const { return cfg_; }
   at::ScalarType dtype() const { return dtype_; }
   at::Device device() const { return device_; }
-  int64_t num_layers_loaded() const { return static_cast<int64_t>(layers_.size()); }
-  bool has_lm_head() const { return lm_head_.defined(); }
+  int64_t num_layers_loaded() const;
+  bool has_lm_head() const;
 
   // Outputs of decoder layers `layer_ids` (strictly increasing, each < num_layers_loaded),
   // concatenated along features in id order: [T, K * H] in the model dtype. Runs only up to
@@ -76,9 +79,14 @@ class TargetModel {
   // The whole model over T tokens `ids` [T] int64 at `positions` [T] int64 (RoPE), with
   // `attend` as every layer's attention (target_cache.h: KV caches). Logits only of the tokens
   // `logit_rows` [R] int64 (undefined tensor: all T); captured states of all T tokens.
+  // Token mixer of one linear_attention layer (qwen3_5 families): h [T, H] (after the input
+  // norm) -> [T, H]; needed by forward_with on targets with such layers (target_cache.cpp).
+  using LinearMixer = std::function<at::Tensor(int64_t layer, const at::Tensor& h)>;
   Output forward_with(const at::Tensor& ids, const at::Tensor& positions,
                       const std::vector<int64_t>& layer_ids, const Attention& attend,
-                      const at::Tensor& logit_rows = {}) const;
+                      const at::Tensor& logit_rows = {}, const LinearMixer* linear = nullptr) const;
+  // The qwen3_moe / qwen3_5 implementation, or nullptr for the dense families.
+  const HybridTarget* hybrid() const { return hybrid_.get(); }
 
   // Greedy decoding for a batch of prompts (token id lists of any lengths): up to
   // `max_new_tokens` new tokens each; with `stop_at_eos`, a sequence ends after the first of
@@ -87,7 +95,8 @@ class TargetModel {
   std::vector<std::vector<int64_t>> generate(const std::vector<std::vector<int64_t>>& prompts,
                                              int64_t max_new_tokens, bool stop_at_eos) const;
 
-  // The weights (fused), for tests, benchmarks and checkpoint writers.
+  // The weights (fused), for tests, benchmarks and checkpoint writers. Dense families only
+  // (layers() is empty for the families of target_qwen35.h; embed_tokens/lm_head work for all).
   struct Layer {
     at::Tensor input_norm, post_norm;  // [H]
     at::Tensor q_norm, k_norm;         // [head_dim] (qwen3 only)
@@ -98,9 +107,9 @@ class TargetModel {
   };
 
   const std::vector<Layer>& layers() const { return layers_; }
-  const at::Tensor& embed_tokens() const { return embed_; }
-  const at::Tensor& final_norm() const { return norm_; }
-  const at::Tensor& lm_head() const { return lm_head_; }
+  const at::Tensor& embed_tokens() const;
+  const at::Tensor& final_norm() const;
+  const at::Tensor& lm_head() const;
 
  private:
   struct Pass;
@@ -115,6 +124,7 @@ class TargetModel {
   at::Tensor lm_head_;  // [V, H] (== embed_ when tied; undefined without lm_head)
   at::Tensor inv_freq_; // [head_dim / 2] float32 on device
   std::vector<Layer> layers_;
+  std::shared_ptr<const HybridTarget> hybrid_;  // set: every call goes there (cfg_.family != Dense)
 };
 
 // Drafter side: the target's embed_tokens and lm_head only (the same tensor when
@@ -150,7 +160,7 @@ std::vector<std::string> target_weight_names(const HfConfig& cfg, int64_t num_la
 // Checks the weights of the model directory `dir` against `cfg` (config.json): names, float
 // dtypes and shapes, from the safetensors headers only (nothing is allocated). UserError naming
 // the directory, file and tensor. The run plan calls it so that a mismatch is refused before
-// anything is written.
+// anything is written. Dense (qwen3, llama) targets only; the other families are checked at load.
 void check_target_weights(const std::string& dir, const HfConfig& cfg);
 
 }  // namespace dflash::model

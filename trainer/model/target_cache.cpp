@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "trainer/model/target_ops.h"
+#include "trainer/model/target_qwen35.h"
 
 namespace dflash::model {
 
@@ -27,6 +28,12 @@ TargetCache::TargetCache(const TargetModel& model, int64_t rows, int64_t capacit
     // Zeros, not empty: the invariant of target_cache.h starts here.
     k_.push_back(at::zeros({rows, capacity, c.num_key_value_heads, c.head_dim}, opt));
     v_.push_back(at::zeros({rows, capacity, c.num_key_value_heads, c.head_dim}, opt));
+  }
+  if (model.hybrid()) {
+    auto rec = std::make_shared<HybridRecurrentCache>(*model.hybrid(), rows);
+    if (!rec->empty()) rec_ = rec;
+    base_.assign(rows, 0);
+    last_.assign(rows, {});
   }
 }
 
@@ -128,7 +135,14 @@ TargetCache::Step TargetCache::extend(const std::vector<std::vector<int64_t>>& t
   at::Tensor logit_rows;  // undefined: all
   if (logits == Logits::Last) logit_rows = at::tensor(last, at::kLong);
   if (logits == Logits::None) logit_rows = at::empty({0}, at::kLong);
-  TargetModel::Output out = model_.forward_with(ids, pos, capture_ids_, attend, logit_rows);
+  TargetModel::LinearMixer mix;
+  if (rec_) {
+    rec_->snapshot();
+    base_ = len_;
+    last_ = tokens;
+    mix = rec_->mixer(act, cu);
+  }
+  TargetModel::Output out = model_.forward_with(ids, pos, capture_ids_, attend, logit_rows, rec_ ? &mix : nullptr);
   for (int64_t b = 0; b < rows_; ++b) len_[b] += int64_t(tokens[b].size());
   if (logits != Logits::None) st.logits = out.logits;
   st.captured = out.captured;
@@ -141,25 +155,49 @@ void TargetCache::crop(int64_t row, int64_t len) {
   crop(lens);
 }
 
-void TargetCache::crop(const std::vector<int64_t>& lens) {
+void TargetCache::crop(const std::vector<int64_t>& lens_in) {
   c10::InferenceMode guard;
-  if (int64_t(lens.size()) != rows_)
-    throw_user("target cache: crop with {} lengths for {} rows", lens.size(), rows_);
+  if (int64_t(lens_in.size()) != rows_)
+    throw_user("target cache: crop with {} lengths for {} rows", lens_in.size(), rows_);
+  for (int64_t b = 0; b < rows_; ++b)
+    if (lens_in[b] < 0 || lens_in[b] > len_[b])
+      throw_user("target cache: cannot crop row {} of {} tokens to {}", b, len_[b], lens_in[b]);
+  std::vector<int64_t> lens = lens_in;
+  // Recurrent layers cannot drop tokens: restore the state from before the last extend, crop
+  // to there and replay the kept tokens of that extend.
+  std::vector<std::vector<int64_t>> replay;
+  bool any_replay = false;
+  if (rec_) {
+    replay.assign(rows_, {});
+    for (int64_t b = 0; b < rows_; ++b) {
+      if (lens[b] == len_[b]) continue;
+      if (lens[b] == 0) {
+        rec_->reset(b);
+      } else if (lens[b] >= base_[b]) {
+        rec_->restore(b);
+        replay[b].assign(last_[b].begin(), last_[b].begin() + (lens[b] - base_[b]));
+        any_replay = any_replay || !replay[b].empty();
+        lens[b] = base_[b];
+      } else {
+        throw_user("target cache: row {} of a {} target can be cropped to 0 or inside its last "
+                   "extend ([{}, {}]), not to {}", b, model_.config().model_type, base_[b], len_[b], lens[b]);
+      }
+    }
+  }
   std::vector<int64_t> r, s;
-  for (int64_t b = 0; b < rows_; ++b) {
-    if (lens[b] < 0 || lens[b] > len_[b])
-      throw_user("target cache: cannot crop row {} of {} tokens to {}", b, len_[b], lens[b]);
+  for (int64_t b = 0; b < rows_; ++b)
     for (int64_t t = lens[b]; t < len_[b]; ++t) r.push_back(b), s.push_back(t);
-  }
   len_ = lens;
-  if (r.empty()) return;
-  const at::Device dev = model_.device();
-  at::Tensor rt = at::tensor(r, at::kLong).to(dev), slots = at::tensor(s, at::kLong).to(dev);
-  at::Tensor zero = at::zeros({}, k_.front().options());
-  for (size_t l = 0; l < k_.size(); ++l) {
-    k_[l].index_put_({rt, slots}, zero);
-    v_[l].index_put_({rt, slots}, zero);
+  if (!r.empty()) {
+    const at::Device dev = model_.device();
+    at::Tensor rt = at::tensor(r, at::kLong).to(dev), slots = at::tensor(s, at::kLong).to(dev);
+    at::Tensor zero = at::zeros({}, k_.front().options());
+    for (size_t l = 0; l < k_.size(); ++l) {
+      k_[l].index_put_({rt, slots}, zero);
+      v_[l].index_put_({rt, slots}, zero);
+    }
   }
+  if (any_replay) extend(replay, Logits::None);
 }
 
 std::vector<std::vector<int64_t>> greedy_generate(const TargetModel& model,

@@ -16,12 +16,18 @@
 // with one scaled_dot_product_attention over all rows, GQA folded into the query axis.
 // Tokens of the rows that run are packed ([T] = Σ n_b), so rows that sit out cost no GEMMs.
 //
+// Targets with linear_attention layers (qwen3_5 families, target_qwen35.h): their recurrent
+// state is the cache of those layers (HybridRecurrentCache, snapshotted before every extend).
+// A crop to a length inside the last extend restores the snapshot and replays the kept tokens
+// (one extra pass over them); a crop to before the last extend's start is supported only to 0.
+//
 // Owns: K/V tensors per layer [rows, capacity, nkv, head_dim] in the model's dtype on its
 // device, and the host copy of the lengths. Lifetime: references the TargetModel (must outlive
 // the cache). Thread-safety: none; one thread drives a cache.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -29,6 +35,8 @@
 #include "trainer/model/target.h"
 
 namespace dflash::model {
+
+class HybridRecurrentCache;
 
 class TargetCache {
  public:
@@ -78,6 +86,10 @@ class TargetCache {
   std::vector<int64_t> capture_ids_;
   std::vector<int64_t> len_;
   std::vector<at::Tensor> k_, v_;
+  // linear_attention layers: their states, and what the last extend started from and ran.
+  std::shared_ptr<HybridRecurrentCache> rec_;
+  std::vector<int64_t> base_;
+  std::vector<std::vector<int64_t>> last_;
 };
 
 // Greedy decoding of a batch of prompts on a TargetCache: up to `max_new_tokens` new tokens per

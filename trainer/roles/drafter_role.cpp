@@ -17,6 +17,7 @@
 #include "core/files.h"
 #include "trainer/model/export.h"
 #include "trainer/model/target.h"
+#include "trainer/roles/eval_hooks.h"
 #include "trainer/roles/preempt.h"
 #include "trainer/roles/roles.h"
 
@@ -125,6 +126,8 @@ struct DrafterTrainer::Impl {
     comm::Message msg;  // keeps the tensor alive until the send completes
   };
   std::deque<ControlSend> controls;
+  double eval_tau = -1, eval_s = 0;  // latest evaluation during training (eval_hooks.h)
+  int64_t eval_step = 0;
 
   Impl(const RoleContext& c, int64_t jj, int wr) : ctx(c), p(c.plan), cfg(c.cfg), j(jj), world_rank(wr) {}
   bool leader() const { return j == 0; }
@@ -282,6 +285,7 @@ bool DrafterTrainer::finish_step(int64_t s) {
     mm.loss = m.interval_loss / static_cast<double>(m.interval_steps);
     mm.accuracy = a[kCount] > 0 ? a[kCorrect] / a[kCount] : 0.0;
     mm.tau = a[kTauBlocks] > 0 ? a[kTauSum] / a[kTauBlocks] : 1.0;
+    mm.eval_tau = m.eval_tau, mm.eval_step = m.eval_step, mm.eval_s = m.eval_s;
     mm.lr = m.last_lr;
     mm.grad_norm = m.last_gnorm;
     mm.target_tok_s = a[kTargetBusy] > 0 ? static_cast<double>(p.target_ranks) * a[kTokens] / a[kTargetBusy] : 0.0;
@@ -347,12 +351,24 @@ void DrafterTrainer::finish_run() {
                                now_s() - m.run_start, dir));
 }
 
+const model::Drafter& DrafterTrainer::drafter() const { return *impl_->drafter; }
+
+void DrafterTrainer::set_eval(int64_t step, double tau, double seconds, bool final_eval) {
+  Impl& m = *impl_;
+  m.eval_tau = tau, m.eval_step = step, m.eval_s = seconds;
+  if (final_eval)
+    m.mlog->announce(fmt::format("eval of the final drafter (step {}): tau {:.3f} on the held-out prompts ({:.1f} s; "
+                                 "training estimate above: tau_est)", step, tau, seconds));
+}
+
 void run_drafter_role(const RoleContext& ctx) {
   const RunPlan& p = ctx.plan;
   const Schedule& sched = ctx.rank.schedule;
   const int rank = ctx.rank.id.rank;
   const int64_t j = sched.drafter_index(rank);
   DrafterTrainer trainer(ctx, j, rank);
+  std::unique_ptr<EvalLeader> evl;
+  if (ctx.eval_group && j == 0) evl = std::make_unique<EvalLeader>(ctx);
   const std::vector<int64_t> mine = sched.drafter_batches(j, p.start_batch, p.total_batches);
   const size_t depth = static_cast<size_t>(std::max<int64_t>(1, ctx.cfg.data.prefetch));
   struct Pending {
@@ -380,6 +396,8 @@ void run_drafter_role(const RoleContext& ctx) {
     trainer.train_batch(unpack(std::move(msg), k, comm::name_rank(sched.target_of(k))), wait);
     if (sched.closes_step(k, p.grad_accum)) {
       const int64_t s = sched.step_of(k, p.grad_accum);
+      // A preemption stop skips the evaluation of the stop step: the eval rank (a target) meets
+      // only before producing a later step, which it no longer does (preempt.h).
       if (trainer.finish_step(s)) {
         DFLASH_CHECK(pending.empty(), "drafter {}: {} receives pending at the stop after step {}", j, pending.size(),
                      s + 1);
@@ -387,10 +405,14 @@ void run_drafter_role(const RoleContext& ctx) {
         comm::mark_preempted(s + 1);
         return;
       }
+      if (evl)
+        if (auto r = evl->after_step(s + 1, trainer.drafter())) trainer.set_eval(r->step, r->tau, r->wall_s, false);
     }
   }
   trainer.finish_controls();
   trainer.finish_run();
+  if (evl)
+    if (auto r = evl->finish()) trainer.set_eval(r->step, r->tau, r->wall_s, true);
 }
 
 void run_colocated(const RoleContext& ctx) {
@@ -401,6 +423,7 @@ void run_colocated(const RoleContext& ctx) {
   lo.lm_head = false;
   model::TargetModel target = model::TargetModel::load(ctx.cfg.target.model_dir, p.target_dtype, p.device, lo);
   DrafterTrainer trainer(ctx, 0, ctx.rank.id.rank);
+  ColocatedEval evc(ctx);
   const Schedule& sched = ctx.rank.schedule;
   const std::vector<int64_t> mine = sched.drafter_batches(0, p.start_batch, p.total_batches);
   for (const int64_t k : mine) {
@@ -419,9 +442,14 @@ void run_colocated(const RoleContext& ctx) {
     bm.loss_mask = b.loss_mask.to(p.device);
     bm.stats = TargetStats{static_cast<double>(b.num_tokens()), busy, 0.0};
     trainer.train_batch(bm, 0.0);
-    if (sched.closes_step(k, p.grad_accum) && trainer.finish_step(sched.step_of(k, p.grad_accum))) {
-      comm::mark_preempted(sched.step_of(k, p.grad_accum) + 1);
-      return;
+    if (sched.closes_step(k, p.grad_accum)) {
+      const int64_t s = sched.step_of(k, p.grad_accum);
+      if (trainer.finish_step(s)) {
+        comm::mark_preempted(s + 1);
+        return;
+      }
+      if (auto r = evc.after_step(s + 1, trainer.drafter()))
+        trainer.set_eval(r->step, r->tau, r->wall_s, s + 1 == p.total_steps);
     }
   }
   trainer.finish_run();

@@ -36,6 +36,7 @@ struct RoleContext {
   const RunPlan& plan;
   comm::Communicator* comm = nullptr;          // null in a colocated run
   std::shared_ptr<comm::Group> drafter_group;  // null in a colocated run
+  std::shared_ptr<comm::Group> eval_group;     // {drafter rank 0, eval rank} (eval_hooks.h); null when off
 };
 
 // Seconds since an arbitrary origin (steady clock).
@@ -63,6 +64,10 @@ class DrafterTrainer {
   void finish_controls();
   // The final export (exports/final) and, if not just written, the final state.
   void finish_run();
+  // Evaluation during training (eval_hooks.h): the live drafter, and the latest real tau for
+  // the metrics line.
+  const model::Drafter& drafter() const;
+  void set_eval(int64_t step, double tau, double seconds, bool final_eval);
 
  private:
   struct Impl;

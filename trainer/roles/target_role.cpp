@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "trainer/model/target.h"
+#include "trainer/roles/eval_hooks.h"
 #include "trainer/roles/preempt.h"
 #include "trainer/roles/roles.h"
 
@@ -33,6 +34,8 @@ void run_target_role(const RoleContext& ctx) {
     comm::HandlePtr handle;
     comm::Message msg;  // keeps the tensors alive until the send completes
   };
+  std::unique_ptr<EvalWorker> evw;  // the eval rank (eval_hooks.h)
+  if (ctx.eval_group && ctx.eval_group->contains(ctx.rank.id.rank)) evw = std::make_unique<EvalWorker>(ctx);
   std::deque<InFlight> inflight;
   double wait_acc = 0;
   size_t sent = 0;
@@ -41,6 +44,7 @@ void run_target_role(const RoleContext& ctx) {
   for (const int64_t k : mine) {
     control.before_step(k / p.batches_per_step);
     if (control.stop_after() >= 0 && k >= (control.stop_after() + 1) * p.batches_per_step) break;
+    if (evw) evw->before_batch(k);
     const double t0 = now_s();
     data::Batch b = p.data->batch(k);
     BatchMessage bm;
@@ -76,10 +80,12 @@ void run_target_role(const RoleContext& ctx) {
   }
   control.drain();
   if (control.stop_after() >= 0 && control.stop_after() + 1 < p.total_steps) {
+    // no evw->finish(): the drafters skipped the evaluations from the stop step on (preempt.h)
     comm::mark_preempted(control.stop_after() + 1);
     log::info("target {}: stopped after step {} (preemption)", i, control.stop_after() + 1);
     return;
   }
+  if (evw) evw->finish();
   log::info("target {}: all batches sent", i);
 }
 

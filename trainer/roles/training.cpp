@@ -16,6 +16,7 @@
 #include "comm/watchdog.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "trainer/roles/eval_hooks.h"
 #include "trainer/roles/roles.h"
 #include "trainer/roles/run_dir.h"
 
@@ -121,6 +122,9 @@ int run_training(const Config& cfg, const roles::RankContext& ctx, bool resume) 
   std::unique_ptr<comm::Communicator> c = comm::make_communicator(roles::comm_options(cfg), ctx.id, store);
   std::shared_ptr<comm::Group> drafters = c->new_group(ctx.schedule.drafter_ranks());
   roles::RoleContext role{cfg, ctx, p, c.get(), drafters};
+  if (const int e = roles::eval_rank(cfg, ctx.schedule, ctx.id.world_size); e >= 0)  // collective
+    role.eval_group = c->new_group({ctx.schedule.drafter_rank(0) < e ? ctx.schedule.drafter_rank(0) : e,
+                                    ctx.schedule.drafter_rank(0) < e ? e : ctx.schedule.drafter_rank(0)});
   if (ctx.schedule.is_target(ctx.id.rank))
     roles::run_target_role(role);
   else

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# qwen3_moe and qwen3_5 targets on one H200: capture-forward speed of dflash (random bf16 weights
+# at Qwen3-30B-A3B and Qwen3.5-9B shapes, only the layers the capture runs: 46 / 30) beside
+# transformers' eager forward of the same truncated model, measured in the same run; MoE expert
+# backends compared (grouped GEMM vs one GEMM per expert). Bar: dflash >= 1.2x transformers eager.
+#   bash bench/gpu/target_family.sh BUILD_DIR OUT_DIR      (about 6 minutes; tables printed last)
+# targets: target_family_bench
+set -uo pipefail
+BUILD=$1
+OUT=$2
+cd "$(dirname "$0")/../.."
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+SHAPES=${DFLASH_FAMILY_SHAPES:-8x2048,4x4096}
+rc=0
+for cfg in qwen3-30b-a3b qwen3.5-9b; do
+  echo "--- dflash $cfg ($SHAPES)"
+  timeout 200 "$BUILD/bench/target_family_bench" --config $cfg --shapes $SHAPES --iters 5 \
+    --json "$OUT/dflash_$cfg.json" > "$OUT/dflash_$cfg.txt" 2>&1 || rc=1
+  cat "$OUT/dflash_$cfg.txt"
+  if [ $cfg = qwen3-30b-a3b ]; then
+    echo "--- dflash $cfg, experts as one GEMM per expert (DFLASH_TARGET_MOE=loop)"
+    DFLASH_TARGET_MOE=loop timeout 200 "$BUILD/bench/target_family_bench" --config $cfg --shapes 8x2048 --iters 3 \
+      > "$OUT/dflash_${cfg}_loop.txt" 2>&1; tail -2 "$OUT/dflash_${cfg}_loop.txt"
+  fi
+  echo "--- transformers $cfg"
+  timeout 300 python3 bench/target_family_bench_hf.py --config $cfg --shapes $SHAPES --iters 5 \
+    --json "$OUT/hf_$cfg.json" --dflash-json "$OUT/dflash_$cfg.json" > "$OUT/hf_$cfg.txt" 2>&1 || rc=1
+done
+echo "--- tables"
+for cfg in qwen3-30b-a3b qwen3.5-9b; do
+  sed -n '/^qwen3/,$p' "$OUT/hf_$cfg.txt" 2>/dev/null || tail -5 "$OUT/hf_$cfg.txt"
+done
+exit $rc

@@ -1,0 +1,84 @@
+// The draft side of DFlash speculative decoding (DFLASH.md §6 step 2): what proposes the block's
+// bs - 1 tokens. `DraftProposer` is the interface the decoding loop (speculative.h) drives;
+// `DFlashProposer` is the real one: a DFlash drafter with its own KV cache that holds ONLY
+// context K/V, never block K/V.
+//
+// DFlashProposer, per step and active row b (cache length = start_b = the position of the
+// block's first token):
+//   add_context: the new target features of positions [len_b, len_b + n) go through
+//     fc -> hidden_norm -> each layer's k_proj (+ k_norm, RoPE at their positions) / v_proj and
+//     are written into the draft cache (zero-initialised; slots past a row's length stay zero:
+//     the invariant of model/target_cache.h).
+//   propose: one non-causal forward over [last token, MASK x (bs - 1)] at positions
+//     start_b .. start_b + bs - 1; every layer's keys/values = [cached context ; the block's own
+//     k/v], the context masked by per-row length; the block's k/v are computed, used and dropped
+//     (never written), so after a step the cache holds exactly the context (the "crop back to
+//     start" of the reference loop is structural). norm, then the TARGET's lm_head on offsets
+//     1 .. bs - 1, argmax.
+//
+// Owns: the draft cache [rows, capacity, nkv, head_dim] per draft layer (the drafter's weights
+// are referenced, not copied). Lifetime: the Drafter and the TargetModel (embedding, lm_head)
+// must outlive the proposer. Thread-safety: none; one thread drives it.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "trainer/model/drafter.h"
+#include "trainer/model/target.h"
+
+namespace dflash::eval {
+
+class DraftProposer {
+ public:
+  virtual ~DraftProposer() = default;
+  // A new batch of `rows` rows of up to `capacity` positions each (all rows empty).
+  virtual void reset(int64_t rows, int64_t capacity) = 0;
+  // New context of row b: the target's captured features rows [offsets[b], offsets[b + 1]) of
+  // `features` [T, K * H], for the row's next positions (offsets.size() == rows + 1).
+  virtual void add_context(const at::Tensor& features, const std::vector<int64_t>& offsets) = 0;
+  // For each row in `rows`: the block's first token `last[j]` sits at position `start[j]` (the
+  // row's context holds positions < start[j]); returns bs - 1 proposed tokens per row.
+  virtual std::vector<std::vector<int64_t>> propose(const std::vector<int64_t>& rows,
+                                                    const std::vector<int64_t>& last,
+                                                    const std::vector<int64_t>& start, int64_t bs) = 0;
+  // The capture ids the proposer needs from the target (empty: no features).
+  virtual std::vector<int64_t> capture_ids() const = 0;
+  // Largest block size it can propose for.
+  virtual int64_t max_block_size() const = 0;
+};
+
+class DFlashProposer : public DraftProposer {
+ public:
+  // `drafter` must already be on `target`'s device in its dtype (DrafterSpec::check_fits done).
+  DFlashProposer(const model::Drafter& drafter, const model::TargetModel& target);
+
+  void reset(int64_t rows, int64_t capacity) override;
+  void add_context(const at::Tensor& features, const std::vector<int64_t>& offsets) override;
+  std::vector<std::vector<int64_t>> propose(const std::vector<int64_t>& rows, const std::vector<int64_t>& last,
+                                            const std::vector<int64_t>& start, int64_t bs) override;
+  std::vector<int64_t> capture_ids() const override { return drafter_.spec().target_layer_ids; }
+  int64_t max_block_size() const override { return drafter_.spec().block_size; }
+
+  // Inspection (tests): context positions held per row, and layer l's cached keys/values
+  // [rows, capacity, nkv, head_dim] (RoPE applied to keys).
+  const std::vector<int64_t>& lengths() const { return len_; }
+  const at::Tensor& keys(int64_t layer) const { return k_.at(layer); }
+  const at::Tensor& values(int64_t layer) const { return v_.at(layer); }
+
+ private:
+  struct Layer {
+    at::Tensor in_norm, post_norm, q, k, v, o, q_norm, k_norm, gate, up, down;
+  };
+  const model::Drafter& drafter_;
+  const model::TargetModel& target_;
+  at::Tensor fc_, hidden_norm_, norm_, inv_freq_;
+  std::vector<Layer> layers_;
+  std::vector<int64_t> len_;
+  int64_t capacity_ = 0;
+  std::vector<at::Tensor> k_, v_;
+};
+
+}  // namespace dflash::eval

@@ -1,0 +1,161 @@
+// Gated DeltaNet (see target_deltanet.h).
+#include "trainer/model/target_deltanet.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include <ATen/ATen.h>
+
+namespace dflash::model {
+
+namespace {
+
+at::Tensor l2norm(const at::Tensor& x) {  // float32, over the last dim, eps 1e-6 (as FLA)
+  return x * at::rsqrt((x * x).sum(-1, /*keepdim=*/true) + 1e-6);
+}
+
+// q, k [N, nk, dk], v [N, nv, dv] in the model dtype -> float32, normalised, q scaled, q and k
+// expanded to nv heads.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> prepare_qkv(const at::Tensor& qkv, const DeltaNetSpec& s) {
+  const int64_t N = qkv.size(0), kd = s.nk * s.dk;
+  at::Tensor q = l2norm(qkv.narrow(1, 0, kd).reshape({N, s.nk, s.dk}).to(at::kFloat));
+  at::Tensor k = l2norm(qkv.narrow(1, kd, kd).reshape({N, s.nk, s.dk}).to(at::kFloat));
+  at::Tensor v = qkv.narrow(1, 2 * kd, s.value_dim()).reshape({N, s.nv, s.dv}).to(at::kFloat);
+  q = q * (1.0 / std::sqrt(double(s.dk)));
+  if (s.nv != s.nk) {
+    q = q.repeat_interleave(s.nv / s.nk, 1);
+    k = k.repeat_interleave(s.nv / s.nk, 1);
+  }
+  return {q, k, v};
+}
+
+// beta = sigmoid(b) and g = -exp(A_log) softplus(a + dt_bias), float32, [N, nv].
+std::pair<at::Tensor, at::Tensor> gates(const at::Tensor& proj, const DeltaNetWeights& w, const DeltaNetSpec& s) {
+  const int64_t off = s.conv_dim() + s.value_dim();
+  at::Tensor b = proj.narrow(1, off, s.nv), a = proj.narrow(1, off + s.nv, s.nv);
+  at::Tensor beta = at::sigmoid(b).to(at::kFloat);
+  at::Tensor g = -at::exp(w.A_log) * at::softplus(a.to(at::kFloat) + w.dt_bias);
+  return {beta, g};
+}
+
+// Gated RMSNorm over dv and out_proj: o [N, nv, dv] (model dtype), z from proj.
+at::Tensor gated_out(const at::Tensor& o, const at::Tensor& proj, const DeltaNetWeights& w,
+                     const DeltaNetSpec& s) {
+  const int64_t N = o.size(0);
+  at::Tensor z = proj.narrow(1, s.conv_dim(), s.value_dim()).reshape({N, s.nv, s.dv});
+  at::Tensor of = o.to(at::kFloat);
+  at::Tensor n = (of * at::rsqrt(of.pow(2).mean(-1, true) + s.eps)).to(o.scalar_type());
+  at::Tensor y = ((w.norm * n).to(at::kFloat) * at::silu(z.to(at::kFloat))).to(o.scalar_type());
+  return at::mm(y.reshape({N, s.value_dim()}), w.w_out.t());
+}
+
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> gated_delta_rule_chunked(const at::Tensor& q_in, const at::Tensor& k_in,
+                                                           const at::Tensor& v_in, const at::Tensor& g_in,
+                                                           const at::Tensor& beta_in, int64_t C,
+                                                           const at::Tensor& initial) {
+  const int64_t B = q_in.size(0), L = q_in.size(1), nv = q_in.size(2), dk = q_in.size(3);
+  const int64_t dv = v_in.size(3);
+  const int64_t pad = (C - L % C) % C, Lp = L + pad, N = Lp / C;
+  auto heads_first = [&](const at::Tensor& t) {  // [B, L, nv, ...] -> [B, nv, Lp, ...] padded
+    at::Tensor x = t.transpose(1, 2);
+    if (pad) {
+      std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+      shape[2] = pad;
+      x = at::cat({x, at::zeros(shape, x.options())}, 2);
+    }
+    return x.contiguous();
+  };
+  at::Tensor q = heads_first(q_in), k = heads_first(k_in), v = heads_first(v_in);
+  at::Tensor beta = heads_first(beta_in), g = heads_first(g_in);  // [B, nv, Lp]
+  at::Tensor k_beta = (k * beta.unsqueeze(-1)).view({B, nv, N, C, dk});
+  at::Tensor v_beta = (v * beta.unsqueeze(-1)).view({B, nv, N, C, dv});
+  q = q.view({B, nv, N, C, dk});
+  k = k.view({B, nv, N, C, dk});
+  at::Tensor cum = g.view({B, nv, N, C}).cumsum(-1);
+  at::Tensor upper = at::ones({C, C}, q.options().dtype(at::kBool)).triu(1);
+  // decay[i, j] = exp(cum_i - cum_j) for j <= i (the decay from token j to token i), 0 above.
+  at::Tensor decay = (cum.unsqueeze(-1) - cum.unsqueeze(-2))
+                         .masked_fill(upper, -std::numeric_limits<float>::infinity())
+                         .exp();
+  at::Tensor ut = at::matmul(k_beta, k.transpose(-1, -2)) * decay;
+  at::Tensor intra = at::matmul(q, k.transpose(-1, -2)) * decay;
+  at::Tensor ecum = cum.exp().unsqueeze(-1);
+  // (I + strictly_lower(ut))^-1 applied to beta v and to the decayed beta k (the UT transform).
+  at::Tensor u = at::linalg_solve_triangular(ut, v_beta, /*upper=*/false, /*left=*/true, /*unitriangular=*/true);
+  at::Tensor w = at::linalg_solve_triangular(ut, k_beta * ecum, false, true, true);
+  at::Tensor last = cum.narrow(-1, C - 1, 1);  // [B, nv, N, 1]
+  at::Tensor qd = q * ecum;
+  at::Tensor kd = k * (last - cum).exp().unsqueeze(-1);
+  at::Tensor chunk_decay = last.exp().unsqueeze(-1);  // [B, nv, N, 1, 1]
+  at::Tensor S = initial.defined() ? initial.to(at::kFloat).clone() : at::zeros({B, nv, dk, dv}, q.options());
+  at::Tensor out = at::empty({B, nv, N, C, dv}, q.options());
+  for (int64_t i = 0; i < N; ++i) {
+    at::Tensor vn = u.select(2, i) - at::matmul(w.select(2, i), S);
+    out.select(2, i).copy_(at::matmul(qd.select(2, i), S) + at::matmul(intra.select(2, i), vn));
+    S = S * chunk_decay.select(2, i) + at::matmul(kd.select(2, i).transpose(-1, -2), vn);
+  }
+  at::Tensor o = out.view({B, nv, Lp, dv}).narrow(2, 0, L).transpose(1, 2);  // [B, L, nv, dv]
+  return {o, S};
+}
+
+at::Tensor deltanet_forward(const at::Tensor& x, const std::vector<int64_t>& cu, const DeltaNetWeights& w,
+                            const DeltaNetSpec& s, DeltaNetState* state, const at::Tensor& rows_in) {
+  const int64_t T = x.size(0), Cd = s.conv_dim(), K = s.kernel;
+  const int64_t D = int64_t(cu.size()) - 1;
+  at::Tensor proj = at::mm(x, w.w_in.t());
+  at::Tensor mixed = proj.narrow(1, 0, Cd);
+  at::Tensor rows = rows_in.defined() ? rows_in : at::arange(D, at::TensorOptions().dtype(at::kLong).device(x.device()));
+
+  // Documents as rows of a zero-padded grid [D, Lmax, ...]: dest[t] = d * Lmax + (t - cu[d]).
+  int64_t Lmax = 0;
+  for (int64_t d = 0; d < D; ++d) Lmax = std::max(Lmax, cu[d + 1] - cu[d]);
+  std::vector<int64_t> dest(T), conv_dest(T);
+  for (int64_t d = 0; d < D; ++d)
+    for (int64_t t = cu[d]; t < cu[d + 1]; ++t) {
+      dest[t] = d * Lmax + (t - cu[d]);
+      conv_dest[t] = d * (Lmax + K - 1) + (K - 1) + (t - cu[d]);
+    }
+  at::Tensor dest_t = at::tensor(dest, at::kLong).to(x.device());
+  at::Tensor conv_dest_t = at::tensor(conv_dest, at::kLong).to(x.device());
+  auto to_grid = [&](const at::Tensor& t) {
+    std::vector<int64_t> shape = {D * Lmax};
+    shape.insert(shape.end(), t.sizes().begin() + 1, t.sizes().end());
+    at::Tensor grid = at::zeros(shape, t.options());
+    grid.index_copy_(0, dest_t, t);
+    shape[0] = Lmax;
+    shape.insert(shape.begin(), D);
+    return grid.view(shape);
+  };
+
+  // Causal depthwise conv per document over [its K - 1 previous inputs (zeros for a new
+  // document, the cached window otherwise) ; its tokens]: out[i] = sum_j conv[:, j] ext[i + j].
+  at::Tensor ext = at::zeros({D * (Lmax + K - 1), Cd}, x.options().dtype(at::kFloat));
+  ext.index_copy_(0, conv_dest_t, mixed.to(at::kFloat));
+  ext = ext.view({D, Lmax + K - 1, Cd});
+  if (state) ext.narrow(1, 0, K - 1).copy_(state->conv.index_select(0, rows).transpose(1, 2));
+  at::Tensor wf = w.conv.to(at::kFloat);
+  at::Tensor acc = ext.narrow(1, 0, Lmax) * wf.select(1, 0);
+  for (int64_t j = 1; j < K; ++j) acc.add_(ext.narrow(1, j, Lmax) * wf.select(1, j));
+  at::Tensor conv_out = at::silu(acc).to(x.scalar_type()).reshape({D * Lmax, Cd}).index_select(0, dest_t);
+  auto [q, k, v] = prepare_qkv(conv_out, s);
+  auto [beta, g] = gates(proj, w, s);
+
+  at::Tensor S0 = state ? state->rec.index_select(0, rows) : at::Tensor();
+  auto [o_grid, S] = gated_delta_rule_chunked(to_grid(q), to_grid(k), to_grid(v), to_grid(g), to_grid(beta),
+                                                 std::min<int64_t>(64, Lmax), S0);
+  at::Tensor o = o_grid.reshape({D * Lmax, s.nv, s.dv}).index_select(0, dest_t).to(x.scalar_type());
+
+  if (state) {
+    state->rec.index_copy_(0, rows, S);
+    // The last K - 1 conv inputs of each document: ext[d, n_d .. n_d + K - 2].
+    at::Tensor win = at::empty({D, K - 1, Cd}, ext.options());
+    for (int64_t d = 0; d < D; ++d) win[d].copy_(ext[d].narrow(0, cu[d + 1] - cu[d], K - 1));
+    state->conv.index_copy_(0, rows, win.transpose(1, 2).to(state->conv.scalar_type()));
+  }
+  return gated_out(o, proj, w, s);
+}
+
+}  // namespace dflash::model

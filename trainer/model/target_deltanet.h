@@ -1,0 +1,67 @@
+// Gated DeltaNet token mixer of the qwen3_5 targets' linear_attention layers, in LibTorch.
+//
+// Per layer: one fused projection x -> [qkv (conv_dim) | z (value_dim) | b (nv) | a (nv)]; a
+// causal depthwise conv (kernel K, no bias) + SiLU over qkv; q and k L2-normalised per head
+// (eps 1e-6), q scaled by dk^-1/2, each k head shared by nv / nk consecutive value heads;
+// beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias); the gated delta rule per value
+// head with state S [dk, dv]:
+//     S <- exp(g_t) S;  S <- S + k_t (beta_t (v_t - S^T k_t))^T;  o_t = S^T q_t
+// then a gated RMSNorm over dv (norm(o) * w * silu(z)) and out_proj.
+//
+// Packed streams: every document starts from a zero conv window and a zero state (positions
+// restart, nothing leaks), or, for a cache, from the cached state of its row. The packed forward computes the rule chunkwise (chunks of 64 inside
+// each document (fewer for short extends: a decode step is one chunk of one token), the
+// UT-transform form: intra-chunk work as batched matmuls and two triangular solves, one
+// sequential step per chunk) in float32.
+//
+// Owns: nothing but the per-layer weights struct. Thread-safety: stateless functions.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+namespace dflash::model {
+
+struct DeltaNetSpec {
+  int64_t nk = 0, nv = 0, dk = 0, dv = 0, kernel = 4;
+  double eps = 1e-6;  // of the gated RMSNorm
+  int64_t conv_dim() const { return 2 * nk * dk + nv * dv; }
+  int64_t value_dim() const { return nv * dv; }
+};
+
+struct DeltaNetWeights {
+  at::Tensor w_in;     // [conv_dim + value_dim + 2 nv, H]  (in_proj_qkv, in_proj_z, in_proj_b, in_proj_a)
+  at::Tensor conv;     // [conv_dim, K]
+  at::Tensor A_log;    // [nv] float32 (the stored value, converted)
+  at::Tensor dt_bias;  // [nv] float32
+  at::Tensor norm;     // [dv]
+  at::Tensor w_out;    // [H, value_dim]
+};
+
+// The cache of one layer for B sequences (HybridRecurrentCache).
+struct DeltaNetState {
+  at::Tensor conv;  // [B, conv_dim, K - 1], model dtype: the last K - 1 conv inputs
+  at::Tensor rec;   // [B, nv, dk, dv] float32
+};
+
+// x [T, H] (packed documents `cu`, host offsets) -> [T, H]. Without `state` every document
+// starts from zeros. With `state`, document d continues row rows[d] of it (rows undefined:
+// row d): it starts from that row's conv window and recurrent state and leaves its final ones
+// there (a fresh sequence is a zeroed row).
+at::Tensor deltanet_forward(const at::Tensor& x, const std::vector<int64_t>& cu, const DeltaNetWeights& w,
+                            const DeltaNetSpec& s, DeltaNetState* state = nullptr,
+                            const at::Tensor& rows = {});
+
+// The gated delta rule alone, chunkwise, for a batch of zero-initialised sequences of equal
+// (padded) length: q, k [B, L, nv, dk] (already normalised, scaled, head-expanded), v
+// [B, L, nv, dv], g, beta [B, L, nv], all float32; padded positions must have k = v = beta =
+// g = 0. `initial` [B, nv, dk, dv] (undefined: zeros). Returns o [B, L, nv, dv] and the final
+// state [B, nv, dk, dv].
+std::pair<at::Tensor, at::Tensor> gated_delta_rule_chunked(const at::Tensor& q, const at::Tensor& k,
+                                                           const at::Tensor& v, const at::Tensor& g,
+                                                           const at::Tensor& beta, int64_t chunk = 64,
+                                                           const at::Tensor& initial = {});
+
+}  // namespace dflash::model
