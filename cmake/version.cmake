@@ -1,16 +1,21 @@
-# Writes OUT = `#define DFLASH_VERSION "<git describe>"` for the tree SRC, only when it changes
-# (so that core/version.cpp recompiles only on a new version). Run at every build by the
-# dflash_version target (core/CMakeLists.txt): cmake -DSRC=... -DOUT=... -P version.cmake
-execute_process(COMMAND git -C "${SRC}" describe --always --dirty --tags
-                OUTPUT_VARIABLE v OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET RESULT_VARIABLE rc)
-if(NOT rc EQUAL 0 OR "${v}" STREQUAL "")
-  set(v "unknown")
+# Writes OUT (a C++ string literal line) with the code version: `git describe --always --dirty`
+# of SRC, else $DFLASH_COMMIT (device copies have no .git), else "unknown". Run at every build
+# (core/CMakeLists.txt: target dflash_version); the file changes only when the version does, so
+# an unchanged tree recompiles nothing.
+execute_process(COMMAND git describe --always --dirty WORKING_DIRECTORY "${SRC}"
+                OUTPUT_VARIABLE _v OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET RESULT_VARIABLE _rc)
+if(NOT _rc EQUAL 0 OR _v STREQUAL "")
+  if(DEFINED ENV{DFLASH_COMMIT} AND NOT "$ENV{DFLASH_COMMIT}" STREQUAL "")
+    set(_v "$ENV{DFLASH_COMMIT}")
+  else()
+    set(_v "unknown")
+  endif()
 endif()
-set(content "#define DFLASH_VERSION \"${v}\"\n")
-set(old "")
+set(_text "\"${_v}\"\n")
 if(EXISTS "${OUT}")
-  file(READ "${OUT}" old)
+  file(READ "${OUT}" _old)
+  if(_old STREQUAL _text)
+    return()
+  endif()
 endif()
-if(NOT "${old}" STREQUAL "${content}")
-  file(WRITE "${OUT}" "${content}")
-endif()
+file(WRITE "${OUT}" "${_text}")

@@ -8,6 +8,8 @@
 #include <cstdlib>
 
 #include "comm/check.h"
+#include "comm/progress.h"
+#include "comm/startup_watchdog.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -181,7 +183,13 @@ void ensure_mpi() {
 }
 
 void finalize_mpi() {
-  if (g_mpi_ours && mpi_active()) MPI_Finalize();
+  if (g_mpi_ours && mpi_active()) {
+    // MPI_Finalize waits for every rank (a PMIx fence): a rank that is stopped or hangs would hold
+    // the others here forever; the start-up deadline bounds it too
+    StartupPhase phase("MPI_Finalize (every rank meets at the end of the run)");
+    MPI_Finalize();
+  }
+  progress::close();
 }
 
 Identity detect() {
@@ -189,10 +197,16 @@ Identity detect() {
   Identity id = parse_env(env);
   id.host = hostname();
   if (id.source == Source::Mpi) {
-    ensure_mpi();
+    {
+      // bounded by comm.startup_timeout_s (comm/startup_watchdog.h): a rank that never starts
+      // or is stopped holds every other rank here
+      StartupPhase phase("MPI_Init");
+      ensure_mpi();
+    }
     DFLASH_CHECK_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &id.rank));
     DFLASH_CHECK_MPI(MPI_Comm_size(MPI_COMM_WORLD, &id.world_size));
     MPI_Comm node = MPI_COMM_NULL;
+    StartupPhase phase("the identity exchange (MPI_Comm_split_type)");
     DFLASH_CHECK_MPI(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, id.rank, MPI_INFO_NULL, &node));
     DFLASH_CHECK_MPI(MPI_Comm_rank(node, &id.local_rank));
     DFLASH_CHECK_MPI(MPI_Comm_size(node, &id.local_world_size));

@@ -1,8 +1,10 @@
 #include "comm/store.h"
 
+#include <c10/util/Logging.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
 #include <chrono>
+#include <cstdlib>
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -13,6 +15,8 @@
 
 #include "core/error.h"
 #include "comm/identity.h"
+#include "comm/progress.h"
+#include "comm/startup_watchdog.h"
 #include "core/log.h"
 
 namespace dflash::comm {
@@ -130,6 +134,12 @@ struct TcpStore::Impl {
 TcpStore::TcpStore(const std::string& host, int port, bool is_server, double timeout_s,
                    const std::string& prefix)
     : impl_(std::make_unique<Impl>()) {
+  // c10d logs every failed connection attempt with a stack trace; our one line says it all
+  // (TORCH_CPP_LOG_LEVEL set by the user wins)
+  if (!std::getenv("TORCH_CPP_LOG_LEVEL")) {
+    FLAGS_caffe2_log_level = 3;  // FATAL only
+    c10::UpdateLoggingLevelsFromFlags();
+  }
   impl_->prefix = prefix;
   impl_->where = fmt::format("{}:{}", host, port);
   c10d::TCPStoreOptions opts;
@@ -196,6 +206,10 @@ std::unique_ptr<Store> make_store(const Identity& id, double timeout_s) {
   std::string prefix = fmt::format("dflash/a{}/", id.restart_count);
   log::debug("TCP store {}:{} ({}), keys under '{}'", id.master_addr, id.master_port,
              server ? "serving" : "client", prefix);
+  // c10d retries the connection on its own; the phase bounds it to the deadline (+1 s for its
+  // own, better message)
+  StartupPhase phase(fmt::format("{} the TCP store at {}:{} (MASTER_ADDR:MASTER_PORT; rank 0 serves it)",
+                                 server ? "serving" : "connecting to", id.master_addr, id.master_port), 1.0);
   return std::make_unique<TcpStore>(id.master_addr, id.master_port, server, timeout_s, prefix);
 }
 
@@ -210,14 +224,18 @@ std::vector<std::string> rendezvous(Store& store, const std::string& tag, int ra
   DFLASH_CHECK(info.find('\n') == std::string::npos, "rendezvous info must be one line: '{}'", info);
   auto key = [&](int r) { return fmt::format("rdzv/{}/rank/{}", tag, r); };
   std::string all_key = fmt::format("rdzv/{}/all", tag);
+  StartupPhase phase(fmt::format("rendezvous '{}'", tag), 3.0);  // a backstop: the loop below reports better
   store.set_string(key(rank), info);
   if (rank != 0) {
     try {
       return split_lines(store.get_string(all_key, timeout_s));
     } catch (const CommError&) {
-      throw CommError(fmt::format("rendezvous '{}': rank 0 did not complete it within {:.0f} s (rank 0 "
-                                  "died, or other ranks never arrived; see rank 0's log)",
-                                  tag, timeout_s));
+      // who is late, when this node can tell (comm/progress.h)
+      std::string late = progress::diagnose();
+      throw CommError(fmt::format("rendezvous '{}': rank 0 did not complete it within {:.0f} s{}", tag, timeout_s,
+                                  late.empty() ? " (rank 0 may have died or stopped, or other ranks never arrived; "
+                                                 "see rank 0's log)"
+                                               : "; " + late));
     }
   }
   auto deadline = deadline_after(timeout_s);

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -17,8 +18,10 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/fault.h"
 #include "comm/identity.h"
 #include "comm/preempt.h"
+#include "comm/progress.h"
 #include "core/log.h"
 
 namespace dflash::comm {
@@ -142,8 +145,9 @@ void watchdog_loop(double grace_s) {
       if (!s.used.load(std::memory_order_acquire)) continue;
       int64_t d = s.deadline_ns.load();
       if (d <= 0 || now < d + static_cast<int64_t>(grace_s * 1e9)) continue;
+      std::string late = progress::diagnose();
       fail_fast(kExitComm, fmt::format("watchdog: {} did not finish {:.0f} s after its deadline; "
-                                       "aborting", s.text, grace_s));
+                                       "aborting{}{}", s.text, grace_s, late.empty() ? "" : "; ", late));
     }
   }
 }
@@ -171,6 +175,9 @@ std::string describe_wait(const std::string& op, int peer, int64_t batch) {
 
 BlockedOn::BlockedOn(const std::string& op, int peer, int64_t batch, double timeout_s)
     : what_(describe_wait(op, peer, batch)), timeout_s_(timeout_s), start_ns_(now_ns()) {
+  // start-up/fault hooks (comm/progress.h): the test hook for "b<K>", then "this rank waits"
+  if (batch >= 0 && fault::armed()) progress::maybe_fail(progress::rank_from_env(), fmt::format("b{}", batch));
+  progress::waiting(what_.c_str(), batch);
   for (int i = 0; i < kMaxWaits; ++i) {
     // claim by CAS on the deadline (0 = free), write the text, then publish with `used`
     if (!g_slots[i].used.load() && g_slots[i].deadline_ns.load() == 0) {
@@ -186,6 +193,7 @@ BlockedOn::BlockedOn(const std::string& op, int peer, int64_t batch, double time
 }
 
 BlockedOn::~BlockedOn() {
+  progress::waiting(nullptr);
   if (slot_ >= 0) {
     g_slots[slot_].used.store(false, std::memory_order_release);
     g_slots[slot_].deadline_ns.store(0);
@@ -197,8 +205,9 @@ bool BlockedOn::expired() const { return timeout_s_ > 0 && elapsed_s() > timeout
 double BlockedOn::elapsed_s() const { return (now_ns() - start_ns_) * 1e-9; }
 
 std::string BlockedOn::timeout_message(const std::string& detail) const {
-  return fmt::format("timed out after {:.1f} s in {}{}{}", elapsed_s(), what_, detail.empty() ? "" : ": ",
-                     detail);
+  std::string late = progress::diagnose();  // who stopped making progress (comm/progress.h)
+  return fmt::format("timed out after {:.1f} s in {}{}{}{}{}", elapsed_s(), what_, detail.empty() ? "" : ": ",
+                     detail, late.empty() ? "" : "; ", late);
 }
 
 void BlockedOn::throw_timeout(const std::string& detail) const { throw CommError(timeout_message(detail)); }
@@ -241,6 +250,7 @@ void fail_fast(int code, const std::string& message) {
     // another thread is already ending the process
     for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
   }
+  progress::publish("failed");  // the others' diagnosis does not blame this rank for ending
   log::error("{}", message);
   // Abort the communicators, but never wait long for it: ncclCommAbort can block while a kernel
   // waits for a dead peer, and the launcher must hear from us within its own deadline.
@@ -278,24 +288,7 @@ void install_watchdog(double grace_s) {
   std::call_once(once, [grace_s] { std::thread(watchdog_loop, grace_s).detach(); });
 }
 
-void maybe_inject_failure(int rank, int64_t batch) {
-  static const char* spec = std::getenv("DFLASH_TEST_FAIL_AT");
-  if (!spec || !*spec) return;
-  int r = -1;
-  long long b = -1;
-  char kind[16] = {0};
-  if (std::sscanf(spec, "%d:%lld:%15s", &r, &b, kind) != 3)
-    throw_user("environment variable DFLASH_TEST_FAIL_AT='{}' is not rank:batch:kind", spec);
-  if (r != rank || b != batch) return;
-  std::string k = kind;
-  log::warn("DFLASH_TEST_FAIL_AT: injecting '{}' at batch {}", k, batch);
-  if (k == "throw") throw std::runtime_error(fmt::format("injected failure (DFLASH_TEST_FAIL_AT) at batch {}", batch));
-  if (k == "sigkill") raise(SIGKILL);
-  if (k == "hang") {
-    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
-  }
-  throw_user("environment variable DFLASH_TEST_FAIL_AT: kind '{}' is not throw, sigkill or hang", k);
-}
+void maybe_inject_failure(int rank, int64_t batch) { fault::point(rank, std::to_string(batch)); }
 
 void arm_preemption(double deadline_s) {
   refresh_prefix();

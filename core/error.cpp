@@ -1,5 +1,6 @@
 #include "core/error.h"
 
+#include "core/launch_check.h"
 #include "core/log.h"
 
 namespace dflash::detail {
@@ -12,6 +13,10 @@ void throw_check_failed(const char* lib, const char* stmt, const char* file, int
   std::string l = lib;
   if (l == "MPI" || l == "NCCL") throw CommError(msg);
   throw std::runtime_error(msg);
+}
+
+void throw_launch_failed(const char* what, const char* file, int line, const char* cuda_error) {
+  throw_check_failed("CUDA launch", what, file, line, cuda_error);
 }
 
 }  // namespace dflash::detail

@@ -1,9 +1,6 @@
-// The code version of this build: `git describe --always --dirty --tags` of the source tree,
-// taken at build time (cmake/version.cmake regenerates it on every build; the compiled file
-// changes only when the version does), or "unknown" outside a git checkout.
-//
-// Owns nothing but the string. Recorded in every run directory (run.json) and printed by
-// --version. Thread-safety: a constant.
+// The code version of this build: `git describe --always --dirty` at build time (cmake/version.cmake),
+// e.g. "456f0cb-dirty"; $DFLASH_COMMIT or "unknown" where the source tree has no .git.
+// Thread-safety: returns a string literal.
 #pragma once
 
 namespace dflash {

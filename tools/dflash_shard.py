@@ -77,32 +77,76 @@ def read_shard(path: str) -> Tuple[List[Tuple[np.ndarray, np.ndarray]], int]:
 
 class ShardWriter:
     """Streams documents into numbered shard files of about `tokens_per_shard` tokens each:
-    <out_dir>/<prefix>-00000.dfshard, ... Call add() per document, then close()."""
+    <out_dir>/<prefix>-00000.dfshard, ... Call add() per document, then close().
+
+    Memory stays bounded whatever the shard size: each document's ids and mask are appended to
+    two scratch files as they come (only the per-document lengths are kept, 8 bytes each), and a
+    shard is assembled from them in 4 MiB pieces when it is full (header, offsets, ids, mask;
+    written to a temporary name and renamed)."""
+
+    CHUNK = 1 << 22
 
     def __init__(self, out_dir: str, vocab_size: int, tokens_per_shard: int = 1 << 28, prefix: str = "data"):
         os.makedirs(out_dir, exist_ok=True)
         self.out_dir, self.vocab_size, self.limit, self.prefix = out_dir, vocab_size, tokens_per_shard, prefix
-        self.docs: List[Tuple[Sequence[int], Sequence[int]]] = []
+        self.lengths: List[int] = []
         self.tokens = 0
         self.paths: List[str] = []
         self.total_docs = 0
         self.total_tokens = 0
+        self._ids = self._mask = None
+
+    def _scratch(self):
+        if self._ids is None:
+            base = os.path.join(self.out_dir, f".{self.prefix}-{len(self.paths):05d}")
+            self._ids, self._mask = open(base + ".ids.tmp", "w+b"), open(base + ".mask.tmp", "w+b")
 
     def add(self, ids: Sequence[int], mask: Sequence[int]) -> None:
-        self.docs.append((ids, mask))
-        self.tokens += len(ids)
+        a = np.asarray(ids, dtype=np.int64)
+        m = np.asarray(mask, dtype=np.int64)
+        if a.shape != m.shape or a.ndim != 1:
+            raise ValueError(f"document {self.total_docs}: {a.size} ids but {m.size} mask values")
+        if a.size and (a.min() < 0 or a.max() >= 2**32):
+            raise ValueError("token ids must fit in uint32")
+        if self.vocab_size and a.size and a.max() >= self.vocab_size:
+            raise ValueError(f"token id {int(a.max())} is not below vocab_size {self.vocab_size}")
+        if m.size and not np.isin(m, (0, 1)).all():
+            raise ValueError("loss mask values must be 0 or 1")
+        self._scratch()
+        self._ids.write(a.astype("<u4").tobytes())
+        self._mask.write(m.astype(np.uint8).tobytes())
+        self.lengths.append(int(a.size))
+        self.tokens += int(a.size)
         self.total_docs += 1
-        self.total_tokens += len(ids)
+        self.total_tokens += int(a.size)
         if self.tokens >= self.limit:
             self._flush()
 
     def _flush(self) -> None:
-        if not self.docs:
+        if not self.lengths:
             return
         path = os.path.join(self.out_dir, f"{self.prefix}-{len(self.paths):05d}{EXTENSION}")
-        write_shard(path, self.docs, self.vocab_size)
+        offsets = np.zeros(len(self.lengths) + 1, dtype="<u8")
+        offsets[1:] = np.cumsum(np.asarray(self.lengths, dtype=np.uint64))
+        tmp = path + ".tmp"
+        with open(tmp, "wb") as f:
+            f.write(_header(len(self.lengths), int(offsets[-1]), self.vocab_size))
+            f.write(offsets.tobytes())
+            for scratch in (self._ids, self._mask):
+                scratch.flush()
+                scratch.seek(0)
+                while True:
+                    piece = scratch.read(self.CHUNK)
+                    if not piece:
+                        break
+                    f.write(piece)
+        os.replace(tmp, path)
+        for scratch in (self._ids, self._mask):
+            scratch.close()
+            os.unlink(scratch.name)
+        self._ids = self._mask = None
         self.paths.append(path)
-        self.docs, self.tokens = [], 0
+        self.lengths, self.tokens = [], 0
 
     def close(self) -> List[str]:
         self._flush()

@@ -17,9 +17,10 @@ say() { echo "[setup] $*" >&2; }
 TORCH_VERSION=2.11.0
 APT_PACKAGES=(build-essential cmake ninja-build git python3 python3-venv python3-dev
   openmpi-bin libopenmpi-dev libyaml-cpp-dev libfmt-dev libgtest-dev googletest
-  slurmctld slurmd slurm-client munge libpmix-dev
+  slurmctld slurmd slurm-client munge libpmix-dev shellcheck iproute2
   wamerican)  # /usr/share/dict/words: topic prompts (tools/make_prompts.py)
 PIP_PACKAGES=("torch==${TORCH_VERSION}" "transformers>=4.56" safetensors tokenizers numpy pytest jinja2
+  tensorboard matplotlib tqdm
   gguf accelerate)  # gguf, accelerate: transformers' GGUF loader (tools/get_smollm2.py)
 
 # ---- system packages ------------------------------------------------------------------------
@@ -45,7 +46,9 @@ if [ -n "${DFLASH_PYTHON:-}" ]; then
 else
   VENV=${DFLASH_VENV:-.venv}
   PY=$VENV/bin/python
-  stamp=$VENV/.dflash-setup-${TORCH_VERSION}
+  # the stamp is keyed on the package list: adding a package re-runs pip (which installs only
+  # what is missing) on an existing venv
+  stamp=$VENV/.dflash-setup-$(printf '%s\n' "${PIP_PACKAGES[@]}" | cksum | cut -d' ' -f1)
   if [ ! -x "$PY" ]; then
     say "creating virtual environment $VENV"
     python3 -m venv "$VENV"
@@ -57,7 +60,7 @@ else
     "$PY" -c "import torch; assert torch.__version__.startswith('${TORCH_VERSION}'), torch.__version__"
     touch "$stamp"
   else
-    say "virtual environment $VENV: present (torch ${TORCH_VERSION})"
+    say "virtual environment $VENV: present (torch ${TORCH_VERSION}, ${#PIP_PACKAGES[@]} packages)"
   fi
 fi
 

@@ -4,11 +4,15 @@
 // Owns: every key a user can set, its type, default and one-line doc. The schema is the
 // `visit` function of each section: loading, overriding and printing all walk it, so a key
 // exists in exactly one place. Loading is strict: an unknown key is a UserError naming the key
-// path and the keys allowed there; a wrong type names the key, the value and the expected type.
+// path and the keys allowed there, with a "did you mean" suggestion (edit distance over the
+// schema's keys); a wrong type names the key, the value and the expected type. Every error
+// about a key names where its value came from: the override argument when it was given on the
+// command line, else the YAML file (key_origin).
 // Thread-safety: a Config is a plain value; build it once in main and pass it by const ref.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -95,7 +99,7 @@ struct DrafterConfig {
     v("mask_token_id", mask_token_id, "id of the MASK token (-1: from the target)");
     v("gamma", gamma, "loss decay; 0 picks DFLASH.md's value for the block size");
     v("attention", attention, "sdpa (reference path) or kernel (CUDA block-sparse)");
-    v("loss_chunk", loss_chunk, "draft positions per chunk of the fused LM head + CE");
+    v("loss_chunk", loss_chunk, "draft positions per chunk of the fused LM head + CE (> 0; model/drafter.h)");
     v("init_from", init_from, "exported drafter directory to initialise from (empty: random)");
   }
 };
@@ -207,7 +211,27 @@ struct Config {
     v.section("checkpoint", checkpoint);
     v.section("eval", eval);
   }
+
+  // Where the values came from (not keys; not printed): the YAML file ("" for the defaults)
+  // and the command-line overrides, and for each key an override set, that override's text.
+  std::string source_path;
+  std::vector<std::string> overrides;
+  std::map<std::string, std::string> overridden;  // "train.lr" -> "train.lr=1e-3"
 };
+
+// Where `key`'s value came from, for error messages: "override 'train.lr=-1'" when the command
+// line set it, else "config FILE" (or "config (defaults)").
+std::string key_origin(const Config& cfg, const std::string& key);
+// Every dotted key of the schema ("run.name", ..., "checkpoint.keep_last"), in schema order.
+std::vector<std::string> config_keys();
+// The closest of `candidates` to `word` by edit distance (at most 1/3 of its length, min 2) as
+// "; did you mean 'X'?", else "".
+std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates);
+// The sections and their keys, one line each ("  train       lr, warmup_ratio, ..."), for --help.
+std::string config_sections_help();
+// The paths of the config exist: target.model_dir and drafter.init_from (when set) directories,
+// every data.shards entry a file or directory. UserError naming the key and its origin.
+void check_paths(const Config& cfg);
 
 // Loads `path` (strict, duplicate keys refused), then applies `overrides` ("a.b=value", value
 // parsed as YAML), then checks every value's range (trainer/config/validate.h).

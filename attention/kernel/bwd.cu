@@ -15,6 +15,7 @@
 #include <string>
 
 #include "attention/kernel.h"
+#include "core/launch_check.h"
 #include "attention/kernel/common.cuh"
 
 namespace dflash::attention {
@@ -44,13 +45,6 @@ int dkv_variant() {
   return e ? std::atoi(e) : 3;
 }
 
-
-void check(const char* what) {
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess)
-    throw std::runtime_error(std::string("dflash attention backward: launch of ") + what +
-                             " failed: " + cudaGetErrorString(e));
-}
 
 // ---- 1. delta ------------------------------------------------------------------------------
 template <int D>
@@ -456,7 +450,7 @@ void run_dq(const AttnParams& p, cudaStream_t s) {
   constexpr int smem = dq_smem_bytes<D, MT, BN>();
   cudaFuncSetAttribute(attn_bwd_dq_kernel<D, MT, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   attn_bwd_dq_kernel<D, MT, BN><<<dim3((p.meta.nqt + MT - 1) / MT, p.Hq, p.B), kThreads, smem, s>>>(p);
-  check("dq");
+  DFLASH_CHECK_LAUNCH("attention backward dq");
 }
 
 template <int D, int NW>
@@ -465,7 +459,7 @@ void run_dkv(const AttnParams& p, cudaStream_t s) {
   cudaFuncSetAttribute(attn_bwd_dkv_kernel<D, NW>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   const int nct = (p.meta.nkt + NW / 4 - 1) / (NW / 4);
   attn_bwd_dkv_kernel<D, NW><<<dim3(nct, p.Hkv, p.B), 32 * NW, smem, s>>>(p);
-  check("dkv");
+  DFLASH_CHECK_LAUNCH("attention backward dkv");
 }
 
 template <int D>
@@ -474,7 +468,7 @@ void run_bwd(const AttnParams& p, cudaStream_t s, int stage) {
     const int64_t rows = (int64_t)p.B * p.Hq * p.q_len;
     const int64_t threads = rows * (D / 8);
     delta_kernel<D><<<(unsigned)((threads + 255) / 256), 256, 0, s>>>(p);
-    check("delta");
+    DFLASH_CHECK_LAUNCH("attention backward delta");
   }
   if (stage < 0 || stage == 1) {
     switch (dq_variant()) {

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "attention/kernel.h"
+#include "core/launch_check.h"
 #include "attention/kernel/common.cuh"
 #include "attention/kernel/wgmma.cuh"
 
@@ -247,10 +248,7 @@ void run(const AttnParams& p, cudaStream_t s) {
   constexpr int smem = DkvWgSmem<D>::kBytes;
   cudaFuncSetAttribute(attn_bwd_dkv_wgmma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   attn_bwd_dkv_wgmma_kernel<D><<<dim3(p.meta.nkt, p.Hkv, p.B), kWgThreads, smem, s>>>(p);
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess)
-    throw std::runtime_error(std::string("dflash attention backward: launch of dkv (wgmma) failed: ") +
-                             cudaGetErrorString(e));
+  DFLASH_CHECK_LAUNCH("attention backward dkv (wgmma)");
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "attention/kernel.h"
+#include "core/launch_check.h"
 #include "attention/kernel/common.cuh"
 
 namespace dflash::attention {
@@ -254,10 +255,7 @@ void run_fwd(const AttnParams& p, cudaStream_t s) {
   cudaFuncSetAttribute(attn_fwd_kernel<D, MT, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   dim3 grid((p.meta.nqt + MT - 1) / MT, p.Hq, p.B);
   attn_fwd_kernel<D, MT, BN><<<grid, kThreads, smem, s>>>(p);
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess)
-    throw std::runtime_error(std::string("dflash attention forward launch failed: ") +
-                             cudaGetErrorString(e));
+  DFLASH_CHECK_LAUNCH("attention forward");
 }
 
 template <int D>

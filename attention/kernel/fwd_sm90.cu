@@ -12,6 +12,7 @@
 #include <string>
 
 #include "attention/kernel.h"
+#include "core/launch_check.h"
 #include "attention/kernel/common.cuh"
 #include "attention/kernel/wgmma.cuh"
 
@@ -234,10 +235,7 @@ void run(const AttnParams& p, cudaStream_t s) {
   constexpr int smem = FwdWgSmem<D>::kBytes;
   cudaFuncSetAttribute(attn_fwd_wgmma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   attn_fwd_wgmma_kernel<D><<<dim3(p.meta.nqt, p.Hq, p.B), kWgThreads, smem, s>>>(p);
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess)
-    throw std::runtime_error(std::string("dflash attention forward (wgmma) launch failed: ") +
-                             cudaGetErrorString(e));
+  DFLASH_CHECK_LAUNCH("attention forward (wgmma)");
 }
 
 
@@ -384,10 +382,7 @@ void run_dq(const AttnParams& p, cudaStream_t s) {
   constexpr int smem = DqWgSmem<D>::kBytes;
   cudaFuncSetAttribute(attn_bwd_dq_wgmma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   attn_bwd_dq_wgmma_kernel<D><<<dim3(p.meta.nqt, p.Hq, p.B), kWgThreads, smem, s>>>(p);
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess)
-    throw std::runtime_error(std::string("dflash attention backward: launch of dq (wgmma) failed: ") +
-                             cudaGetErrorString(e));
+  DFLASH_CHECK_LAUNCH("attention backward dq (wgmma)");
 }
 
 }  // namespace

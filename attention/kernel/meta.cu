@@ -8,6 +8,7 @@
 #include <string>
 
 #include "attention/kernel.h"
+#include "core/launch_check.h"
 
 namespace dflash::attention {
 namespace {
@@ -62,12 +63,6 @@ __global__ void meta_ktiles_kernel(MetaParams p, KernelMeta m) {
   reinterpret_cast<int2*>(const_cast<int32_t*>(m.ktiles))[i] = out;
 }
 
-void check_launch(const char* what) {
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess)
-    throw std::runtime_error(std::string("dflash attention kernel: launch of ") + what +
-                             " failed: " + cudaGetErrorString(e));
-}
 
 }  // namespace
 
@@ -89,12 +84,12 @@ void launch_build_meta(const MetaParams& p, void* stream) {
   const int64_t nr = (int64_t)p.B * m.nqt * kTileQ, nq = (int64_t)p.B * m.nqt,
                 nk = (int64_t)p.B * m.nkt;
   meta_rows_kernel<<<(unsigned)((nr + T - 1) / T), T, 0, s>>>(p, m);
-  check_launch("meta_rows");
+  DFLASH_CHECK_LAUNCH("attention meta_rows");
   meta_qtiles_kernel<<<(unsigned)((nq + T - 1) / T), T, 0, s>>>(p, m);
-  check_launch("meta_qtiles");
+  DFLASH_CHECK_LAUNCH("attention meta_qtiles");
   if (nk > 0) {
     meta_ktiles_kernel<<<(unsigned)((nk + T - 1) / T), T, 0, s>>>(p, m);
-    check_launch("meta_ktiles");
+    DFLASH_CHECK_LAUNCH("attention meta_ktiles");
   }
 }
 

@@ -16,13 +16,16 @@
 # metrics, quality_curves.png, logs. `all` runs the three stages in a row.
 # Wheels in .whl/ (the gguf wheel: the GPU machines have no registry) are unpacked into the state
 # directory and put on PYTHONPATH (with their dist-info, which transformers checks).
+# DFLASH_GGUF may also name a folder (or a path prefix) of parts of the file (*.part*, joined in name
+# order: e.g. .gguf/ with smol.part00 smol.part01); the sha256 check of get_smollm2.py covers the join.
 # Called by run_all.sh as `quality.sh BUILD OUT` it runs `all` when DFLASH_GGUF is set, else skips.
 #
 # Settings (environment): DFLASH_GGUF, DFLASH_QUALITY_MODEL (an HF directory instead of the GGUF),
 # DFLASH_BUILD (default /tmp/dflash-gpu-build), DFLASH_PYTHON (python3), Q_TRAIN (12000 prompts),
 # Q_EVAL (512 held-out prompts made, Q_EVAL_PROMPTS=256 evaluated), Q_REGEN_BATCH (512),
 # Q_MAX_NEW (384), Q_SPEED_PROMPTS (512), Q_STEPS (500), Q_ABLATION ("drafter.num_layers=1"),
-# Q_EVAL_BATCH (32), Q_EVAL_MAX_NEW (256), Q_DEVICE (auto), Q_OVERRIDES (more config overrides),
+# Q_EVAL_BATCH (32), Q_EVAL_MAX_NEW (256), Q_EVAL_EVERY (100: real tau during training on 32
+# held-out prompts x 128 tokens, for the curve; 0: off), Q_DEVICE (auto), Q_OVERRIDES (more config overrides),
 # Q_SKIP_HF=1 (no transformers comparison), Q_TOY=1 (CPU smoke run: tests/real/test_chain.py).
 # targets: dflash_rank
 set -uo pipefail
@@ -50,6 +53,7 @@ Q_TRAIN=${Q_TRAIN:-12000}; Q_EVAL=${Q_EVAL:-512}; Q_EVAL_PROMPTS=${Q_EVAL_PROMPT
 Q_REGEN_BATCH=${Q_REGEN_BATCH:-512}; Q_MAX_NEW=${Q_MAX_NEW:-384}; Q_SPEED_PROMPTS=${Q_SPEED_PROMPTS:-512}
 Q_STEPS=${Q_STEPS:-500}; Q_ABLATION=${Q_ABLATION:-drafter.num_layers=1}
 Q_EVAL_BATCH=${Q_EVAL_BATCH:-32}; Q_EVAL_MAX_NEW=${Q_EVAL_MAX_NEW:-256}; Q_DEVICE=${Q_DEVICE:-auto}
+Q_EVAL_EVERY=${Q_EVAL_EVERY:-100}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 export TQDM_DISABLE=1 DFLASH_BUILD_DIR=$BUILD
 source tools/mpi_env.sh
@@ -98,8 +102,16 @@ convert() {
   [ -n "${DFLASH_QUALITY_MODEL:-}" ] && return 0
   step "GGUF -> HF directory (tools/get_smollm2.py)" 120
   [ "$T" -gt 0 ] || return 1
-  [ -f "${DFLASH_GGUF:?set DFLASH_GGUF to the GGUF file}" ] || { say "DFLASH_GGUF=$DFLASH_GGUF does not exist"; exit 2; }
-  timeout "$T" "$PY" tools/get_smollm2.py --gguf "$DFLASH_GGUF" --out "$MODEL" 2>&1 | tee -a "$LOG" | tail -3
+  local gguf=${DFLASH_GGUF:?set DFLASH_GGUF to the GGUF file, or to a folder or prefix of its parts}
+  if [ ! -f "$gguf" ]; then  # parts (a file split to fit the device tool's transfers): joined in name order
+    local parts=()
+    if [ -d "$gguf" ]; then parts=("$gguf"/*.part*); else parts=("$gguf"*.part*); fi
+    [ -f "${parts[0]}" ] || { say "DFLASH_GGUF=$gguf: no such file, and no parts $gguf*.part*"; exit 2; }
+    [ -f "$S/joined.gguf" ] || { cat "${parts[@]}" > "$S/joined.gguf.tmp" && mv "$S/joined.gguf.tmp" "$S/joined.gguf"; }
+    say "joined ${#parts[@]} parts into $S/joined.gguf ($(stat -c %s "$S/joined.gguf") bytes; get_smollm2 checks the sha256)"
+    gguf=$S/joined.gguf
+  fi
+  timeout "$T" "$PY" tools/get_smollm2.py --gguf "$gguf" --out "$MODEL" 2>&1 | tee -a "$LOG" | tail -3
   [ -f "$MODEL/dflash_convert.json" ] || { say "conversion failed"; exit 1; }
 }
 
@@ -188,7 +200,14 @@ train_eval() {
     local resume=()
     if ls "$dir"/checkpoints/* >/dev/null 2>&1; then resume=(--resume); else rm -rf "$dir"; fi
     # shellcheck disable=SC2086
-    timeout "$T" "$RANK" "${train_cfg[@]}" run.dir="$dir" "$@" ${Q_OVERRIDES:-} "${resume[@]}" 2>&1 |
+    # the real tau during training (the curve): every Q_EVAL_EVERY steps on the first 32 held-out prompts
+    local curve=()
+    if have_eval && [ "$Q_EVAL_EVERY" -gt 0 ]; then
+      head -32 "$S/eval_prompts.jsonl" > "$S/eval_curve_prompts.jsonl"
+      curve=(eval.every="$Q_EVAL_EVERY" eval.prompts="$S/eval_curve_prompts.jsonl" eval.max_new_tokens="${Q_CURVE_MAX_NEW:-128}"
+             eval.batch_size=32 eval.baseline=false)
+    fi
+    timeout "$T" "$RANK" "${train_cfg[@]}" run.dir="$dir" "$@" "${curve[@]}" ${Q_OVERRIDES:-} "${resume[@]}" 2>&1 |
       tee "$OUT/train_$name.log" | grep -E "step .*/|error|plan" | sed -n '1p;$p'
     [ -f "$dir/exports/final/config.json" ] || { say "training $name not finished: run the stage again"; return 1; }
   fi

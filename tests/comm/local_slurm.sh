@@ -1,20 +1,27 @@
 #!/usr/bin/env bash
-# A one-node SLURM "cluster" on localhost for the identity tests (Debian 12, root, no systemd,
-# no cgroups): munged + slurmctld + slurmd with their state, logs and sockets under one
-# directory. Processes are stopped by the PIDs recorded at start (with their /proc start
+# A SLURM "cluster" on localhost for the identity and launcher tests (Debian 12, root, no
+# systemd, no cgroups): munged + slurmctld + one slurmd per node, with their state, logs and
+# sockets under one directory. Several nodes on one host: node i is "n<i>", its own slurmd
+# (-N n<i>) on its own port, own spool and TmpFS directories. Processes are stopped by the PIDs recorded at start (with their /proc start
 # times, so a recycled PID is never signalled), never by name.
 #
 #   tests/comm/local_slurm.sh start|stop|status     start prints the env file to source
 #
 # Environment: DFLASH_SLURM_DIR (default /tmp/dflash-slurm), DFLASH_SLURM_PORT (slurmctld
 # port, default 6917; slurmd uses +1), DFLASH_SLURM_CPUS (CPUs advertised, default 8: more
-# than the cores is fine with SlurmdParameters=config_overrides, so `srun -n 8` fits on 2).
+# than the cores is fine with SlurmdParameters=config_overrides, so `srun -n 8` fits on 2),
+# DFLASH_SLURM_NODES (default 1: node "localhost"; N > 1: nodes n1..nN, slurmd of node i on
+# port +i). With N > 1 the env file also sets Open MPI to TCP over loopback: its shared-memory
+# transport crashes between "nodes" that share one kernel.
 # Needs slurmctld, slurmd, slurm-client, munge and libpmix-dev (tools/setup.sh installs them).
 set -euo pipefail
 PATH=/usr/sbin:/sbin:$PATH
 DIR=${DFLASH_SLURM_DIR:-/tmp/dflash-slurm}
 PORT=${DFLASH_SLURM_PORT:-6917}
 CPUS=${DFLASH_SLURM_CPUS:-8}
+NODES=${DFLASH_SLURM_NODES:-1}
+case "$NODES" in [1-9]) ;; *) echo "[local_slurm] ERROR: DFLASH_SLURM_NODES must be 1..9" >&2; exit 2 ;; esac
+node_names() { if [ "$NODES" = 1 ]; then echo localhost; else seq -f 'n%g' 1 "$NODES"; fi; }
 CONF=$DIR/slurm.conf
 PIDFILE=$DIR/pids
 
@@ -65,7 +72,7 @@ do_start() {
   for c in munged slurmctld slurmd srun sbatch scontrol; do command -v "$c" >/dev/null || die "$c is not installed"; done
   [ -e /usr/lib/x86_64-linux-gnu/pmix2/lib/libpmix.so ] || die "libpmix-dev is not installed (srun --mpi=pmix needs it)"
   case "$DIR" in /tmp/*|/var/tmp/*) ;; *) die "DFLASH_SLURM_DIR must be under /tmp or /var/tmp";; esac
-  for p in "$PORT" $((PORT + 1)); do [ -z "$(ss -Hltn "sport = :$p" 2>/dev/null)" ] || die "port $p is in use (set DFLASH_SLURM_PORT)"; done
+  for p in $(seq "$PORT" $((PORT + NODES))); do [ -z "$(ss -Hltn "sport = :$p" 2>/dev/null)" ] || die "port $p is in use (set DFLASH_SLURM_PORT)"; done
   rm -rf "$DIR"
   mkdir -p "$DIR"/{state,spool,log,munge,run,tmp}
   chmod 755 "$DIR" "$DIR/run"; chmod 700 "$DIR/munge"
@@ -86,12 +93,12 @@ AuthType=auth/munge
 AuthInfo=socket=$DIR/run/munge.sock
 CryptoType=crypto/munge
 StateSaveLocation=$DIR/state
-SlurmdSpoolDir=$DIR/spool
+SlurmdSpoolDir=$DIR/spool/%n
 SlurmctldPidFile=$DIR/run/slurmctld.pid
-SlurmdPidFile=$DIR/run/slurmd.pid
+SlurmdPidFile=$DIR/run/slurmd-%n.pid
 SlurmctldLogFile=$DIR/log/slurmctld.log
-SlurmdLogFile=$DIR/log/slurmd.log
-TmpFS=$DIR/tmp
+SlurmdLogFile=$DIR/log/slurmd-%n.log
+TmpFS=$DIR/tmp/%n
 MailProg=/bin/true
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
@@ -105,22 +112,35 @@ ReturnToService=2
 KillWait=5
 MinJobAge=600
 SlurmdParameters=config_overrides
-NodeName=localhost NodeHostname=localhost NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=4096 State=UNKNOWN
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
 CONF
+  local n i=0
+  for n in $(node_names); do  # every node on 127.0.0.1, each slurmd on its own port
+    i=$((i + 1))
+    echo "NodeName=$n NodeHostname=localhost NodeAddr=127.0.0.1 Port=$((PORT + i)) CPUs=$CPUS RealMemory=4096 State=UNKNOWN" >> "$CONF"
+    mkdir -p "$DIR/spool/$n" "$DIR/tmp/$n"
+  done
+  echo "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4" >> "$CONF"
   slurmctld -f "$CONF" || die "slurmctld failed"
   remember slurmctld "$DIR/run/slurmctld.pid"
-  slurmd -f "$CONF" -N localhost || die "slurmd failed"
-  remember slurmd "$DIR/run/slurmd.pid"
-  local st="" _i
+  for n in $(node_names); do
+    slurmd -f "$CONF" -N "$n" || die "slurmd -N $n failed"
+    remember "slurmd-$n" "$DIR/run/slurmd-$n.pid"
+  done
+  local st="" want _i
+  want=$(node_names | sed 's/.*/idle/' | tr '\n' ' ')
   for _i in $(seq 150); do
-    st=$(SLURM_CONF=$CONF sinfo -h -N -o %t 2>/dev/null || true)
-    [ "$st" = idle ] && break
-    case "$st" in *drain*|*down*) SLURM_CONF=$CONF scontrol update nodename=localhost state=resume 2>/dev/null || true;; esac
+    st=$(SLURM_CONF=$CONF sinfo -h -N -o %t 2>/dev/null | tr '\n' ' ' || true)
+    [ "$st" = "$want" ] && break
+    case "$st" in *drain*|*down*)
+      for n in $(node_names); do SLURM_CONF=$CONF scontrol update nodename="$n" state=resume 2>/dev/null || true; done;;
+    esac
     sleep 0.2
   done
-  [ "$st" = idle ] || die "node not idle after 30 s (state '$st')"
-  printf 'export SLURM_CONF=%s\nexport OMPI_MCA_mpi_yield_when_idle=1\n' "$CONF" > "$DIR/env.sh"
+  [ "$st" = "$want" ] || die "nodes not idle after 30 s (states '$st')"
+  {
+    printf 'export SLURM_CONF=%s\nexport OMPI_MCA_mpi_yield_when_idle=1\n' "$CONF"
+    [ "$NODES" = 1 ] || printf 'export OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_oob_tcp_if_include=lo\n'
+  } > "$DIR/env.sh"
   say "up: source $DIR/env.sh"
   echo "$DIR/env.sh"
 }

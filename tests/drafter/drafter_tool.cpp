@@ -26,6 +26,7 @@
 #include "trainer/model/anchors.h"
 #include "trainer/model/drafter.h"
 #include "trainer/model/export.h"
+#include "trainer/model/target.h"
 #include "trainer/model/safetensors.h"
 
 using namespace dflash;
@@ -107,9 +108,9 @@ int run_import(const std::string& dir, const std::string& in_path, const std::st
   auto f = st::SafeTensors::open(in_path);
   const auto& m = f.metadata();
   TargetInfo t;
-  t.hidden_size = std::stoll(meta(m, "target_hidden_size", meta(m, "hidden_size")));
-  t.vocab_size = std::stoll(meta(m, "target_vocab_size", meta(m, "vocab_size")));
-  t.num_layers = std::stoll(meta(m, "target_num_layers", meta(m, "num_target_layers")));
+  t.config.hidden_size = std::stoll(meta(m, "target_hidden_size", meta(m, "hidden_size")));
+  t.config.vocab_size = std::stoll(meta(m, "target_vocab_size", meta(m, "vocab_size")));
+  t.config.num_hidden_layers = std::stoll(meta(m, "target_num_layers", meta(m, "num_target_layers")));
   auto drafter = import_drafter(dir, t, at::kCPU, at::kFloat);
   drafter.set_target_weights(f.load("target.embed", at::kFloat, at::kCPU), f.load("target.lm_head", at::kFloat, at::kCPU));
   auto batch = batch_from(f);
@@ -190,7 +191,7 @@ int main(int argc, char** argv) {
     if (argc == 3 && cmd == "config8b") {
       DrafterSpec s;
       s.hidden_size = 4096, s.intermediate_size = 12288, s.num_layers = 5, s.num_heads = 32, s.num_kv_heads = 8;
-      s.head_dim = 128, s.vocab_size = 151936, s.block_size = 16, s.target_layer_ids = default_target_layer_ids(36, 5);
+      s.head_dim = 128, s.vocab_size = 151936, s.block_size = 16, s.target_layer_ids = default_layer_ids(36, 5);
       s.num_target_layers = 36, s.mask_token_id = 151669, s.bos_token_id = 151643, s.eos_token_id = 151645;
       s.validate("qwen3-8b drafter");
       std::FILE* out = std::fopen(argv[2], "w");

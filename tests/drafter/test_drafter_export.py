@@ -1,6 +1,8 @@
 """Export / import of the drafter (DFLASH.md §5) through drafter_tool: the files as written
 (config.json fields, safetensors header names / shapes / dtypes), loading with the `safetensors`
-package, the round trip export -> import -> identical logits, and bad inputs to import."""
+package, the round trip export -> import -> identical logits, bad inputs to import, and the
+shipped dflash.py: AutoModel.from_pretrained(export, trust_remote_code=True) in the venv's
+transformers gives the C++ drafter's logits."""
 import json
 import os
 import shutil
@@ -79,7 +81,7 @@ def test_export_files_match_section_5(tmp_path):
     out = tmp_path / "export"
     r = tool("export", write_case(tmp_path, c, P), out)
     assert r.returncode == 0, r.stderr
-    assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]
+    assert sorted(os.listdir(out)) == ["config.json", "dflash.py", "model.safetensors"]
     assert not (tmp_path / "export.tmp").exists()
     cfg = json.loads((out / "config.json").read_text())
     expect = dict(EXPECTED_8B)
@@ -208,3 +210,57 @@ def test_import_rejects_target_mismatch(tmp_path):
         inp = write_case(tmp_path, c, P, name="t", extra_meta=meta)
         r = tool("import", tmp_path / "exp", inp, tmp_path / "o.safetensors")
         assert r.returncode == 2 and field in r.stderr, (meta, r.stderr)
+
+
+# fp32 on both sides with the same (bf16-exact) weights; they differ only in the order of the
+# floating-point sums (SDPA over the visible keys vs the C++ masked attention over all of them,
+# GEMM blocking), about 1e-6 on logits of magnitude ~3 here. 1e-4 is far below what a formula
+# error (the anchor's own feature visible, RoPE on the wrong positions, a missing norm) changes:
+# those move logits by 1e-2 or more (the negative control below).
+HF_ATOL = 1e-4
+
+
+def hf_block_logits(model, c, embed, lm_head, ids, feats, b, a, bs):
+    """Logits of the block anchored at `a` of row b from the HF model: the context is the target
+    features of positions < a (the anchor's own is not visible, DFLASH.md §2.3), the block is
+    [x[a], MASK x (bs-1)] at positions a..a+bs-1."""
+    block = torch.tensor([int(ids[b, a])] + [c["mask_token_id"]] * (bs - 1))
+    noise = embed[block][None]
+    ctx = feats[b, :a][None]
+    pos = torch.arange(a + bs)[None]
+    with torch.no_grad():
+        h = model(noise_embedding=noise, target_hidden=ctx, position_ids=pos).last_hidden_state
+    return h[0] @ lm_head.T
+
+
+@pytest.mark.parametrize("bs", [16, 8])
+def test_automodel_loads_the_export_and_matches_cpp_logits(tmp_path, bs):
+    from transformers import AutoModel
+    c = tiny_cfg(bs)
+    P = bf16_params(c, 7)
+    inp = write_case(tmp_path, c, P)
+    out = tmp_path / "exp"
+    assert tool("export", inp, out).returncode == 0
+    r = tool("import", out, inp, tmp_path / "cpp.safetensors")
+    assert r.returncode == 0, r.stderr
+    cpp = load_file(tmp_path / "cpp.safetensors")["logits"]  # [B, N*bs, V]
+    f = load_file(inp)
+    embed, lm_head, ids, feats = f["target.embed"], f["target.lm_head"], f["batch.ids"], f["batch.features"]
+    anchors = f["blocks.anchor"]
+    model = AutoModel.from_pretrained(str(out), trust_remote_code=True, dtype=torch.float32).eval()
+    assert type(model).__name__ == "DFlashDraftModel" and model.block_size == bs
+    assert model.target_layer_ids == c["target_layer_ids"] and model.mask_token_id == c["mask_token_id"]
+    worst = 0.0
+    for b in range(anchors.shape[0]):
+        for j, a in enumerate(anchors[b].tolist()):
+            got = hf_block_logits(model, c, embed, lm_head, ids, feats, b, a, bs)
+            want = cpp[b, j * bs:(j + 1) * bs]
+            worst = max(worst, (got - want).abs().max().item())
+    assert worst <= HF_ATOL, worst
+    # Negative control: the anchor's own feature made visible moves the logits far beyond that.
+    a = int(anchors[0, 1])
+    block = torch.tensor([int(ids[0, a])] + [c["mask_token_id"]] * (bs - 1))
+    with torch.no_grad():
+        h = model(noise_embedding=embed[block][None], target_hidden=feats[0, :a + 1][None],
+                  position_ids=torch.cat([torch.arange(a + 1), torch.arange(a, a + bs)])[None]).last_hidden_state
+    assert (h[0] @ lm_head.T - cpp[0, bs:2 * bs]).abs().max().item() > 100 * HF_ATOL

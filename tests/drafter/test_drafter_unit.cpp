@@ -15,6 +15,7 @@
 #include "core/files.h"
 #include "trainer/model/drafter.h"
 #include "trainer/model/export.h"
+#include "trainer/model/target.h"
 #include "trainer/model/loss.h"
 
 using namespace dflash;
@@ -33,9 +34,11 @@ std::string user_error(F&& f) {
 }
 
 TargetInfo qwen3_8b() {
-  TargetInfo t;
-  t.hidden_size = 4096, t.intermediate_size = 12288, t.num_layers = 36, t.num_heads = 32, t.num_kv_heads = 8;
-  t.head_dim = 128, t.vocab_size = 151936, t.bos_token_id = 151643, t.eos_token_id = 151645;
+  HfConfig c;
+  c.model_type = "qwen3", c.hidden_size = 4096, c.intermediate_size = 12288, c.num_hidden_layers = 36;
+  c.num_attention_heads = 32, c.num_key_value_heads = 8, c.head_dim = 128, c.vocab_size = 151936;
+  c.rope.theta = 1e6, c.max_position_embeddings = 40960, c.bos_token_id = 151643, c.eos_token_ids = {151645};
+  TargetInfo t = target_info(c);
   t.mask_token_id = 151669;
   return t;
 }
@@ -43,11 +46,11 @@ TargetInfo qwen3_8b() {
 }  // namespace
 
 TEST(DrafterSpec, DefaultTargetLayerIds) {
-  EXPECT_EQ(default_target_layer_ids(36, 5), (std::vector<int64_t>{1, 9, 17, 25, 33}));
-  EXPECT_EQ(default_target_layer_ids(32, 5), (std::vector<int64_t>{1, 8, 15, 22, 29}));
-  EXPECT_EQ(default_target_layer_ids(64, 5), (std::vector<int64_t>{1, 16, 31, 46, 61}));
-  EXPECT_EQ(default_target_layer_ids(48, 5), (std::vector<int64_t>{1, 12, 23, 34, 45}));
-  EXPECT_EQ(default_target_layer_ids(36, 1), (std::vector<int64_t>{18}));
+  EXPECT_EQ(default_layer_ids(36, 5), (std::vector<int64_t>{1, 9, 17, 25, 33}));
+  EXPECT_EQ(default_layer_ids(32, 5), (std::vector<int64_t>{1, 8, 15, 22, 29}));
+  EXPECT_EQ(default_layer_ids(64, 5), (std::vector<int64_t>{1, 16, 31, 46, 61}));
+  EXPECT_EQ(default_layer_ids(48, 5), (std::vector<int64_t>{1, 12, 23, 34, 45}));
+  EXPECT_EQ(default_layer_ids(36, 1), (std::vector<int64_t>{18}));
 }
 
 TEST(DrafterSpec, Gamma) {
@@ -88,7 +91,7 @@ TEST(DrafterSpec, BadConfigsNameTheField) {
   EXPECT_NE(user_error([&] { make_spec(t, cfg, {}, 5); }).find("drafter.mask_token_id"), std::string::npos);
   auto s = make_spec(qwen3_8b(), DrafterConfig{}, {}, 5);
   auto t2 = qwen3_8b();
-  t2.hidden_size = 2560;
+  t2.config.hidden_size = 2560;
   EXPECT_NE(user_error([&] { s.check_fits(t2, "x"); }).find("hidden_size"), std::string::npos);
   s.num_kv_heads = 5;
   EXPECT_NE(user_error([&] { s.validate("x"); }).find("num_key_value_heads"), std::string::npos);
@@ -190,9 +193,11 @@ TEST(Attention, ArgumentErrorsNameTheField) {
 }
 
 TEST(Export, MakeDrafterFromInitFromChecksTheConfig) {
-  TargetInfo t;
-  t.hidden_size = 32, t.intermediate_size = 48, t.num_layers = 8, t.num_heads = 4, t.num_kv_heads = 2;
-  t.head_dim = 8, t.vocab_size = 64, t.mask_token_id = 63;
+  HfConfig c;
+  c.hidden_size = 32, c.intermediate_size = 48, c.num_hidden_layers = 8, c.num_attention_heads = 4;
+  c.num_key_value_heads = 2, c.head_dim = 8, c.vocab_size = 64, c.rope.theta = 1e6;
+  TargetInfo t = target_info(c);
+  t.mask_token_id = 63;
   DrafterConfig cfg;
   cfg.num_layers = 2;
   auto d = make_drafter(t, cfg, {1, 3, 5}, 3, 11, at::kCPU, at::kBFloat16);

@@ -29,7 +29,8 @@ def assets(tmp_path_factory):
 
 def expect_refused(p, run_dir, cwd, *needles, loaded=False):
     """loaded: the error comes from reading tensor values (NaN weights), after world rank 0 claimed
-    run.dir; then it may hold run.json and run.lock, nothing else (and a new run may use it)."""
+    run.dir; then it may hold run.json, run.lock and the data's record (prepare_info.json, copied
+    after the plan), nothing else (and a new run may use it)."""
     lines = oc.error_lines(p.all)
     assert p.returncode == 2, (p.returncode, p.all[-3000:])
     assert len(lines) == 1, p.all[-3000:]
@@ -37,7 +38,8 @@ def expect_refused(p, run_dir, cwd, *needles, loaded=False):
         assert n in lines[0], (n, lines[0])
     assert "terminate called" not in p.all and "bad_alloc" not in p.all
     if loaded and os.path.exists(run_dir):
-        assert sorted(os.listdir(run_dir)) == ["run.json", "run.lock"], os.listdir(run_dir)
+        assert set(os.listdir(run_dir)) <= {"run.json", "run.lock", "prepare_info.json"}, os.listdir(run_dir)
+        assert "run.json" in os.listdir(run_dir), os.listdir(run_dir)
     else:
         assert not os.path.exists(run_dir), f"{run_dir} was created"
     assert os.listdir(cwd) == [], f"written into the working directory: {os.listdir(cwd)}"

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import tiny_chat  # noqa: E402
 
 TOY = dict(Q_TOY="1", Q_TRAIN="24", Q_EVAL="8", Q_EVAL_PROMPTS="4", Q_REGEN_BATCH="8", Q_MAX_NEW="40",
-           Q_SPEED_PROMPTS="8", Q_STEPS="4", Q_EVAL_BATCH="4", Q_EVAL_MAX_NEW="16", Q_DEVICE="cpu",
+           Q_SPEED_PROMPTS="8", Q_STEPS="4", Q_EVAL_EVERY="2", Q_CURVE_MAX_NEW="16", Q_EVAL_BATCH="4", Q_EVAL_MAX_NEW="16", Q_DEVICE="cpu",
            Q_OVERRIDES="drafter.mask_token_id=511 target.num_features=3 target.dtype=float32 data.batch_tokens=2048 data.max_seq_len=1024 "
                        "drafter.num_anchors=8 log.interval=1 checkpoint.state_every=2 checkpoint.export_every=0 "
                        "run.cpu_threads=2 comm.backend=mpi")
@@ -76,6 +76,9 @@ def test_toy_chain(chain):
     if (SRC / "trainer" / "eval" / "evaluate.h").exists():
         for name in ["main", "ablation"]:
             e = json.loads((out / f"eval_{name}.json").read_text())
-            assert 1 <= e["tau"] <= 16
+            assert 1 <= e["tau"] <= 16 and e["equal_output_share"] == 1.0  # CPU fp32: identical to greedy
+        taus = [r["tau"] for r in main if isinstance(r.get("tau"), (int, float))]
+        assert taus, "no real tau during training"  # eval.every: the curve's points
+        assert "eval tau" in summary and "-x" not in summary
     else:
         assert "SKIP eval" in log

@@ -6,7 +6,8 @@
 - Greedy tokens equal transformers' generate() on the same rendered ids (the oracle of
   tests/model/test_target.py for these tiny models), with more prompts than rows so that
   rows are refilled (continuous batching) and prompts of unequal lengths share a batch.
-- Resumable: SIGKILL of the wrapper (the generator dies with it) after some responses, a torn
+- Resumable: SIGKILL of the wrapper (the generator dies with it) after 4 responses (the generator
+  stops itself there through the fault hook, so the kill is never late), a torn
   last line planted, a restart: no duplicate keys, and the final file equals an uninterrupted
   run's byte for byte.
 - Sampling: the first-token frequencies over many samples match softmax(logits / T) from
@@ -63,9 +64,10 @@ def regen(model, prompts, out, *extra, check=True, popen=False, **kw):
     cmd = [sys.executable, str(SRC / "tools" / "regenerate.py"), "--model", str(model), "--prompts", str(prompts),
            "--out", str(out), "--max-new-tokens", str(NEW), "--batch-size", "4", "--progress-s", "0",
            "--threads", "1", *map(str, extra)]
+    env = kw.pop("env", ENV)
     if popen:
-        return subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
-    r = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
+        return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     if check:
         assert r.returncode == 0, r.stderr
     return r
@@ -122,15 +124,19 @@ def test_resume_after_sigkill(tiny, greedy, tmp_path):
     root, model, prompts = tiny
     out = tmp_path / "killed.jsonl"
     res = Path(str(out) + ".work") / "results.jsonl"
-    p = regen(model, prompts, out, start_new_session=True, popen=True)
+    # The generator stops itself (SIGSTOP) right after flushing its 4th line (core/fault.h), so the
+    # kill always lands mid-run however fast the machine is; then the wrapper's whole process group
+    # is killed, as a scheduler would.
+    env = dict(ENV, DFLASH_TEST_FAIL_AT="0:item4:stop")
+    p = regen(model, prompts, out, start_new_session=True, popen=True, env=env)
     t0 = time.time()
-    while (not res.exists() or len(res.read_text().splitlines()) < 3) and time.time() - t0 < 300:
+    while (not res.exists() or len(res.read_text().splitlines()) < 4) and time.time() - t0 < 300:
         assert p.poll() is None, p.stderr.read()
         time.sleep(0.05)
     os.killpg(p.pid, signal.SIGKILL)
     p.wait()
     n_before = len(res.read_text().splitlines())
-    assert 3 <= n_before < 10 and not out.exists(), n_before
+    assert n_before == 4 and not out.exists(), n_before
     with open(res, "a") as f:
         f.write('{"key": "9:0", "tokens": [1, 2')  # a torn line: the writer died mid-write
     r = regen(model, prompts, out)

@@ -15,26 +15,21 @@
 
 namespace dflash {
 
-std::string ConfigOrigin::of(const std::string& key) const {
-  // list elements ("data.shards[2]") come from the list's key
-  const std::string base = key.substr(0, key.find('['));
-  auto it = overrides.find(base);
-  if (it != overrides.end()) return fmt::format("override '{}'", it->second);
-  return fmt::format("config {}", file);
-}
-
 namespace {
 
 struct Check {
-  const ConfigOrigin& o;
+  const Config& cfg;
+  // list elements ("data.shards[2]") come from the list's key
+  std::string of(const std::string& key) const { return key_origin(cfg, key.substr(0, key.find('['))); }
 
   template <class T>
   [[noreturn]] void fail(const std::string& key, const T& got, const std::string& expected) const {
-    throw_user("{}: key '{}' must be {}, got {}", o.of(key), key, expected, got);
+    throw_user("{}: key '{}' must be {}, got {}", of(key), key, expected, got);
   }
   void int_range(const std::string& key, int64_t v, int64_t lo, int64_t hi, const std::string& what = "") const {
-    if (v < lo || v > hi)
-      fail(key, v, what.empty() ? fmt::format("an integer in [{}, {}]", lo, hi) : what);
+    if (v >= lo && v <= hi) return;
+    if (!what.empty()) fail(key, v, what);
+    fail(key, v, v < lo && lo == 1 ? std::string("positive") : fmt::format("an integer in [{}, {}]", lo, hi));
   }
   // finite, lo <= v (or lo < v with open_lo) and v <= hi (or v < hi with open_hi)
   void real_range(const std::string& key, double v, double lo, double hi, bool open_lo, bool open_hi,
@@ -62,8 +57,8 @@ void check_run_dir(const Check& c, const std::string& dir) {
 
 }  // namespace
 
-void validate_config(const Config& cfg, const ConfigOrigin& origin) {
-  Check c{origin};
+void validate_config(const Config& cfg) {
+  Check c{cfg};
   using namespace limits;
   // run
   if (cfg.run.name.empty()) c.fail("run.name", "an empty name", "a non-empty name");
@@ -145,8 +140,8 @@ void walk_duplicates(const YAML::Node& n, const std::string& path, const std::st
     auto [it, fresh] = first_line.emplace(k, line);
     if (!fresh) {
       if (it->second > 0 && line > 0)
-        throw_user("config {}: key '{}' is given twice (lines {} and {}); keep one", origin, full, it->second, line);
-      throw_user("config {}: key '{}' is given twice; keep one", origin, full);
+        throw_user("{}: key '{}' is given twice (lines {} and {}); keep one", origin, full, it->second, line);
+      throw_user("{}: key '{}' is given twice; keep one", origin, full);
     }
     walk_duplicates(kv.second, full, origin);
   }

@@ -5,12 +5,11 @@
 // number is checked for finiteness and a sane range (so that no value removes a deadline, hangs
 // creating threads, or allocates until memory runs out), every enum for its allowed names, and
 // run.dir for being a usable directory name. Each error is one UserError line naming the key,
-// where its value came from (the YAML file or the command-line override) and what was expected.
+// where its value came from (key_origin: the YAML file or the command-line override) and what was expected.
 // The limits are constants below, documented in docs/training.md.
 // Thread-safety: stateless functions.
 #pragma once
 
-#include <map>
 #include <string>
 
 #include "trainer/config.h"
@@ -20,14 +19,6 @@ class Node;
 }
 
 namespace dflash {
-
-// Where each value of a Config came from, for messages.
-struct ConfigOrigin {
-  std::string file;                              // "t.yaml" or "(defaults)"
-  std::map<std::string, std::string> overrides;  // dotted key -> the override argument that set it
-  // "override 'comm.timeout_s=nan'" if the key was overridden, else "config <file>".
-  std::string of(const std::string& key) const;
-};
 
 // Limits (documented in docs/training.md "Limits").
 namespace limits {
@@ -49,7 +40,7 @@ constexpr int64_t kMaxEvery = 1'000'000'000;  // log.interval, checkpoint.*_ever
 }  // namespace limits
 
 // Throws UserError for the first value out of range (see above).
-void validate_config(const Config& cfg, const ConfigOrigin& origin);
+void validate_config(const Config& cfg);
 
 // Throws UserError naming the key path and both lines if a mapping anywhere in `root` holds the
 // same key twice (yaml-cpp keeps the first silently).

@@ -18,6 +18,7 @@
 
 #include "core/device.h"
 #include "core/error.h"
+#include "core/fault.h"
 #include "core/files.h"
 #include "core/json.h"
 #include "trainer/model/target_cache.h"
@@ -303,12 +304,15 @@ int regenerate_command(int argc, char** argv) {
                (long long)o.max_new_tokens,
                o.temperature > 0 ? fmt::format("temperature {} top-p {}", o.temperature, o.top_p).c_str() : "greedy",
                fmt::format("{}", fmt::join(o.stop_ids, ", ")).c_str());
+  int64_t written = 0;
   RegenStats st = regenerate(model, items, o, [&](const RegenResult& r) {
     // One line per item, flushed at once: a killed run loses at most the line being written.
     std::string line = fmt::format("{{\"key\": {}, \"tokens\": [{}], \"stopped\": {}}}\n", json::quote(r.item->key),
                                    fmt::join(r.tokens, ", "), r.stopped ? "true" : "false");
     if (std::fputs(line.c_str(), out) < 0 || std::fflush(out) != 0)
       throw_user("regenerate: cannot write to '{}'", kv["out"]);
+    ++written;
+    if (fault::armed()) fault::point(0, fmt::format("item{}", written));  // the resume test's hook (core/fault.h)
   });
   std::fclose(out);
   std::string summary = fmt::format(

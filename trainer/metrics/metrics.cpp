@@ -1,5 +1,6 @@
 #include "trainer/metrics/metrics.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -30,28 +31,42 @@ std::string human(double x) {
   return fmt::format("{:.0f}", x);
 }
 
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "-";
+  const int64_t t = static_cast<int64_t>(std::llround(seconds));
+  if (t < 60) return fmt::format("{}s", t);
+  if (t < 3600) return fmt::format("{}m{:02d}s", t / 60, t % 60);
+  return fmt::format("{}h{:02d}m", t / 3600, (t % 3600) / 60);
+}
+
 std::string format_line(const StepMetrics& m) {
   std::string mfu = m.mfu < 0 ? "-" : fmt::format("{:.1f}%", 100.0 * m.mfu);
   return fmt::format(
-      "step {}/{} | loss {:.4f} | acc {:.3f} | tau_est {:.2f} | tau {} | lr {:.2e} | gnorm {:.3f} | tok/s target {} "
-      "drafter {} | wait target {:.3f}s drafter {:.3f}s | mfu {} | mem {:.1f} GB",
-      m.step, m.total_steps, m.loss, m.accuracy, m.tau,
+      "step {}/{} ({:.1f}%) | epoch {}/{} | loss {:.4f} | acc {:.3f} | tau_est {:.2f} | tau {} | lr {:.2e} "
+      "| gnorm {:.3f} | tok/s target {} drafter {} | wait target {:.3f}s drafter {:.3f}s | mfu {} "
+      "| mem {:.1f} GB | elapsed {} | eta {}",
+      m.step, m.total_steps, m.percent, m.epoch + 1, std::max<int64_t>(m.total_epochs, m.epoch + 1), m.loss,
+      m.accuracy, m.tau,
       m.eval_tau < 0 ? std::string("-") : fmt::format("{:.2f}@{} (eval {:.1f}s)", m.eval_tau, m.eval_step, m.eval_s),
-      m.lr, m.grad_norm, human(m.target_tok_s),
-      human(m.drafter_tok_s), m.target_wait_s, m.drafter_wait_s, mfu, m.mem_gb);
+      m.lr, m.grad_norm, human(m.target_tok_s), human(m.drafter_tok_s), m.target_wait_s,
+      m.drafter_wait_s, mfu, m.mem_gb, format_duration(m.elapsed_s), format_duration(m.eta_s));
 }
 
 std::string to_json(const StepMetrics& m) {
+  std::string per_pos = "[";
+  for (size_t i = 0; i < m.accuracy_per_pos.size(); ++i) per_pos += (i ? ", " : "") + num(m.accuracy_per_pos[i]);
+  per_pos += "]";
   return fmt::format(
-      "{{\"step\": {}, \"total_steps\": {}, \"epoch\": {}, \"batch\": {}, \"loss\": {}, \"accuracy\": {}, "
-      "\"tau_est\": {}, \"tau\": {}, \"tau_step\": {}, \"eval_s\": {}, \"lr\": {}, \"grad_norm\": {}, "
-      "\"target_tok_s\": {}, \"drafter_tok_s\": {}, "
-      "\"target_wait_s\": {}, \"drafter_wait_s\": {}, \"mfu\": {}, \"mem_gb\": {}, \"elapsed_s\": {}}}",
-      m.step, m.total_steps, m.epoch, m.batch, num(m.loss), num(m.accuracy), num(m.tau),
-      m.eval_tau < 0 ? std::string("null") : num(m.eval_tau), m.eval_step, m.eval_tau < 0 ? std::string("null") : num(m.eval_s),
-      num(m.lr),
+      "{{\"step\": {}, \"total_steps\": {}, \"epoch\": {}, \"total_epochs\": {}, \"batch\": {}, \"loss\": {}, "
+      "\"accuracy\": {}, \"tau_est\": {}, \"tau\": {}, \"tau_step\": {}, \"eval_s\": {}, \"lr\": {}, "
+      "\"grad_norm\": {}, \"target_tok_s\": {}, \"drafter_tok_s\": {}, "
+      "\"target_wait_s\": {}, \"drafter_wait_s\": {}, \"mfu\": {}, \"mem_gb\": {}, \"elapsed_s\": {}, "
+      "\"eta_s\": {}, \"percent\": {}, \"accuracy_per_pos\": {}}}",
+      m.step, m.total_steps, m.epoch, m.total_epochs, m.batch, num(m.loss), num(m.accuracy), num(m.tau),
+      m.eval_tau < 0 ? std::string("null") : num(m.eval_tau), m.eval_step,
+      m.eval_tau < 0 ? std::string("null") : num(m.eval_s), num(m.lr),
       num(m.grad_norm), num(m.target_tok_s), num(m.drafter_tok_s), num(m.target_wait_s), num(m.drafter_wait_s),
-      m.mfu < 0 ? "null" : num(m.mfu), num(m.mem_gb), num(m.elapsed_s));
+      m.mfu < 0 ? "null" : num(m.mfu), num(m.mem_gb), num(m.elapsed_s), num(m.eta_s), num(m.percent), per_pos);
 }
 
 MetricsLog::MetricsLog(const std::string& run_dir, bool active, bool echo) : echo_(echo && active) {
@@ -60,7 +75,10 @@ MetricsLog::MetricsLog(const std::string& run_dir, bool active, bool echo) : ech
   path_ = run_dir + "/metrics.jsonl";
   file_ = std::fopen(path_.c_str(), "a");
   if (!file_) throw_user("cannot open {} for writing: {}", path_, std::strerror(errno));
+  tb_ = std::make_unique<TensorBoardWriter>(files::join(run_dir, "tensorboard"));
 }
+
+std::string MetricsLog::tensorboard_path() const { return tb_ ? tb_->path() : std::string(); }
 
 MetricsLog::~MetricsLog() {
   if (file_) std::fclose(file_);
@@ -69,8 +87,14 @@ MetricsLog::~MetricsLog() {
 void MetricsLog::write(const StepMetrics& m) {
   if (!file_) return;
   announce(format_line(m));
-  std::fputs((to_json(m) + "\n").c_str(), file_);
+  write_record(m.step, to_json(m));
+}
+
+void MetricsLog::write_record(int64_t step, const std::string& json_object) {
+  if (!file_) return;
+  std::fputs((json_object + "\n").c_str(), file_);
   std::fflush(file_);
+  tb_->write_record(step, json_object);
 }
 
 void MetricsLog::announce(const std::string& line) {

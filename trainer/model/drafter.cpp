@@ -13,6 +13,7 @@
 #include "trainer/config.h"
 #include "trainer/model/hf_config.h"
 #include "trainer/model/loss.h"
+#include "trainer/model/target.h"
 
 namespace dflash::model {
 namespace {
@@ -84,19 +85,12 @@ struct SiluMul : public torch::autograd::Function<SiluMul> {
 
 TargetInfo target_info(const HfConfig& c) {
   TargetInfo t;
-  t.hidden_size = c.hidden_size;
-  t.intermediate_size = c.intermediate_size;
-  t.num_layers = c.num_hidden_layers;
+  t.config = c;
+  t.mask_token_id = ((c.model_type == "qwen3" || c.model_type == "qwen3_moe") && c.vocab_size == 151936) ? 151669 : -1;
   t.num_heads = c.num_attention_heads;
   t.num_kv_heads = c.num_key_value_heads;
   t.head_dim = c.head_dim;
-  t.vocab_size = c.vocab_size;
-  t.rms_norm_eps = c.rms_norm_eps;
-  t.rope_theta = c.rope.theta;
-  if (c.max_position_embeddings > 0) t.max_position_embeddings = c.max_position_embeddings;
-  t.bos_token_id = c.bos_token_id.value_or(-1);
-  t.eos_token_id = c.eos_token_ids.empty() ? -1 : c.eos_token_ids.front();
-  t.mask_token_id = ((c.model_type == "qwen3" || c.model_type == "qwen3_moe") && c.vocab_size == 151936) ? 151669 : -1;
+  t.intermediate_size = c.intermediate_size;
   if (c.family == TargetFamily::Qwen35) {
     // The released Qwen3.5/3.6 drafters (z-lab, configs as quoted publicly): for the targets'
     // 256-wide gated attention heads, Qwen3 attention of 32 heads x 128 with 8 kv heads for dense
@@ -154,18 +148,19 @@ void DrafterSpec::validate(const std::string& where) const {
     throw_user("{}: rope_theta must be a finite number in (0, 1e12], got {}", where, rope_theta);
 }
 
-void DrafterSpec::check_fits(const TargetInfo& t, const std::string& where) const {
+void DrafterSpec::check_fits(const TargetInfo& target, const std::string& where) const {
+  const HfConfig& t = target.config;
   if (hidden_size != t.hidden_size)
     throw_user("{}: hidden_size {} does not match the target's hidden_size {}", where, hidden_size, t.hidden_size);
   if (vocab_size != t.vocab_size)
     throw_user("{}: vocab_size {} does not match the target's vocab_size {}", where, vocab_size, t.vocab_size);
   for (auto id : target_layer_ids)
-    if (id < 0 || id >= t.num_layers)
+    if (id < 0 || id >= t.num_hidden_layers)
       throw_user("{}: dflash_config.target_layer_ids holds {}, but the target has {} layers", where, id,
-                 t.num_layers);
-  if (num_target_layers != t.num_layers)
+                 t.num_hidden_layers);
+  if (num_target_layers != t.num_hidden_layers)
     throw_user("{}: num_target_layers {} does not match the target's num_hidden_layers {}", where,
-               num_target_layers, t.num_layers);
+               num_target_layers, t.num_hidden_layers);
   if (mask_token_id < 0 || mask_token_id >= t.vocab_size)
     throw_user("{}: dflash_config.mask_token_id {} is outside the target's vocabulary [0, {})", where,
                mask_token_id, t.vocab_size);
@@ -192,45 +187,37 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> DrafterSpec::param_sha
   return s;
 }
 
-std::vector<int64_t> default_target_layer_ids(int64_t L, int64_t k) {
-  if (k < 1) throw_user("target.num_features must be >= 1, got {}", k);
-  if (k == 1) return {L / 2};
-  std::vector<int64_t> ids;
-  for (int64_t i = 0; i < k; ++i)  // nearbyint: round half to even, as Python's round()
-    ids.push_back(static_cast<int64_t>(std::nearbyint(1.0 + static_cast<double>(i) * (L - 4) / (k - 1))));
-  return ids;
-}
-
-DrafterSpec make_spec(const TargetInfo& t, const DrafterConfig& cfg, const std::vector<int64_t>& layer_ids,
+DrafterSpec make_spec(const TargetInfo& target, const DrafterConfig& cfg, const std::vector<int64_t>& layer_ids,
                       int64_t num_features) {
+  const HfConfig& c = target.config;
   DrafterSpec s;
-  s.hidden_size = t.hidden_size;
-  s.intermediate_size = t.intermediate_size;
+  s.hidden_size = c.hidden_size;
+  s.intermediate_size = target.intermediate_size;
   s.num_layers = cfg.num_layers;
-  s.num_heads = t.num_heads;
-  s.num_kv_heads = t.num_kv_heads;
-  s.head_dim = t.head_dim;
-  s.vocab_size = t.vocab_size;
-  s.rms_norm_eps = t.rms_norm_eps;
-  s.rope_theta = t.rope_theta;
-  s.max_position_embeddings = t.max_position_embeddings;
+  s.num_heads = target.num_heads;
+  s.num_kv_heads = target.num_kv_heads;
+  s.head_dim = target.head_dim;
+  s.vocab_size = c.vocab_size;
+  s.rms_norm_eps = c.rms_norm_eps;
+  s.rope_theta = c.rope.theta;
+  if (c.max_position_embeddings > 0) s.max_position_embeddings = c.max_position_embeddings;
   s.block_size = cfg.block_size;
-  s.num_target_layers = t.num_layers;
-  s.target_layer_ids = layer_ids.empty() ? default_target_layer_ids(t.num_layers, num_features) : layer_ids;
-  s.mask_token_id = cfg.mask_token_id >= 0 ? cfg.mask_token_id : t.mask_token_id;
+  s.num_target_layers = c.num_hidden_layers;
+  s.target_layer_ids = layer_ids.empty() ? default_layer_ids(c.num_hidden_layers, num_features) : layer_ids;
+  s.mask_token_id = cfg.mask_token_id >= 0 ? cfg.mask_token_id : target.mask_token_id;
   if (s.mask_token_id < 0)
     throw_user("drafter.mask_token_id: the target defines no MASK token; set drafter.mask_token_id "
                "(Qwen3: 151669)");
-  s.bos_token_id = t.bos_token_id;
-  s.eos_token_id = t.eos_token_id;
+  s.bos_token_id = c.bos_token_id.value_or(-1);
+  s.eos_token_id = c.eos_token_ids.empty() ? -1 : c.eos_token_ids.front();
   if (cfg.num_layers < 1) throw_user("drafter.num_layers must be >= 1, got {}", cfg.num_layers);
   if (cfg.block_size < 2) throw_user("drafter.block_size must be >= 2, got {}", cfg.block_size);
   for (auto id : s.target_layer_ids)
-    if (id < 0 || id >= t.num_layers)
-      throw_user("target.layer_ids holds {}, but the target has {} layers", id, t.num_layers);
-  if (s.mask_token_id >= t.vocab_size)
+    if (id < 0 || id >= c.num_hidden_layers)
+      throw_user("target.layer_ids holds {}, but the target has {} layers", id, c.num_hidden_layers);
+  if (s.mask_token_id >= c.vocab_size)
     throw_user("drafter.mask_token_id {} is outside the target's vocabulary [0, {})", s.mask_token_id,
-               t.vocab_size);
+               c.vocab_size);
   s.validate("drafter config");
   return s;
 }
@@ -246,24 +233,6 @@ double resolve_gamma(int64_t bs, double configured) {
       throw_user("drafter.gamma: DFLASH.md gives gamma only for block sizes 16, 10 and 8; set drafter.gamma for "
                  "block_size {}", bs);
   }
-}
-
-StepOptions make_step_options(const DrafterConfig& cfg, int64_t seed) {
-  StepOptions o;
-  if (cfg.attention == "sdpa")
-    o.attention = attention::Backend::Reference;
-  else if (cfg.attention == "kernel")
-    o.attention = attention::Backend::Kernel;
-  else
-    throw_user("drafter.attention: expected \"sdpa\" or \"kernel\", got \"{}\"", cfg.attention);
-  if (cfg.num_anchors < 1) throw_user("drafter.num_anchors must be >= 1, got {}", cfg.num_anchors);
-  if (cfg.loss_chunk < 0) throw_user("drafter.loss_chunk must be >= 0 (0: unfused), got {}", cfg.loss_chunk);
-  o.num_anchors = cfg.num_anchors;
-  o.seed = static_cast<uint64_t>(seed);
-  o.gamma = cfg.gamma;
-  resolve_gamma(cfg.block_size, cfg.gamma);  // fails early for a block size without a default
-  o.loss_chunk = cfg.loss_chunk;
-  return o;
 }
 
 double StepOutput::accuracy() const {
@@ -442,6 +411,7 @@ StepOutput Drafter::forward_blocks(const DrafterBatch& batch, const Blocks& bloc
   auto coef = (wd.index_select(0, sel) / (out.weight_sum + 1e-6)).to(at::kFloat).to(device_);
   auto labels = in.labels.reshape({-1}).index_select(0, sel).to(device_);
   auto hs = h.reshape({B * Q, h.size(2)}).index_select(0, sel.to(device_));
+  DFLASH_CHECK(opt.loss_chunk >= 0, "StepOptions::loss_chunk = {}, expected > 0 (fused) or 0 (plain)", opt.loss_chunk);
   CeResult ce = opt.loss_chunk > 0 ? fused_linear_ce(hs, lm_head_, labels, coef, opt.loss_chunk,
                                                      opt.recompute_loss ? CeMode::Recompute : CeMode::GradInForward)
                                    : plain_linear_ce(hs, lm_head_, labels, coef);

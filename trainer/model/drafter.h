@@ -21,6 +21,7 @@
 
 #include "attention/dflash_attention.h"
 #include "trainer/model/anchors.h"
+#include "trainer/model/hf_config.h"
 
 namespace dflash {
 struct DrafterConfig;
@@ -28,27 +29,19 @@ struct DrafterConfig;
 
 namespace dflash::model {
 
-struct HfConfig;
-
-// The few facts about the target the drafter needs (filled from the target's config.json).
+// The target as the drafter sees it: its config.json, and what config.json does not say
+// directly: the MASK id and the attention/MLP shape of a drafter for this target.
 struct TargetInfo {
-  int64_t hidden_size = 0;
-  int64_t intermediate_size = 0;
-  int64_t num_layers = 0;
-  int64_t num_heads = 0;
-  int64_t num_kv_heads = 0;
-  int64_t head_dim = 0;
-  int64_t vocab_size = 0;
-  double rms_norm_eps = 1e-6;
-  double rope_theta = 1e6;
-  int64_t max_position_embeddings = 40960;
-  int64_t bos_token_id = -1;
-  int64_t eos_token_id = -1;
+  HfConfig config;
   int64_t mask_token_id = -1;  // the tokenizer's MASK id if known (Qwen3: 151669), else -1
+  // The drafter's heads, kv heads, head dim and MLP width: the target's own, except for the
+  // families whose released drafters differ (Qwen3.5/3.6, see target_info()).
+  int64_t num_heads = 0, num_kv_heads = 0, head_dim = 0, intermediate_size = 0;
 };
 
-// From the target's config.json. mask_token_id: 151669 for a Qwen3 target with the 151936-row
-// vocabulary (the "<|MASK|>" id DFLASH.md §1.3 uses), else -1 (drafter.mask_token_id must be set).
+// mask_token_id: 151669 for a Qwen3 target with the 151936-row vocabulary (the "<|MASK|>" id
+// DFLASH.md §1.3 uses), 248070 for Qwen3.5/3.6 with 248320 rows, else -1 (drafter.mask_token_id
+// must be set).
 TargetInfo target_info(const HfConfig& cfg);
 
 // Shape and constants of a drafter; exactly the fields of the exported config.json.
@@ -81,11 +74,8 @@ struct DrafterSpec {
   std::vector<std::pair<std::string, std::vector<int64_t>>> param_shapes() const;
 };
 
-// DFLASH.md §1.1 default: k == 1 -> {L/2}; else round(1 + i (L-4)/(k-1)), i = 0..k-1.
-std::vector<int64_t> default_target_layer_ids(int64_t num_target_layers, int64_t k);
-
 // The spec of a new drafter for `target` from the YAML drafter section and the target section's
-// layer ids (empty: default rule with num_features).
+// layer ids (empty: target.h's default_layer_ids with num_features).
 DrafterSpec make_spec(const TargetInfo& target, const DrafterConfig& cfg,
                       const std::vector<int64_t>& layer_ids, int64_t num_features);
 
@@ -107,14 +97,14 @@ struct StepOptions {
   int64_t num_anchors = 512;
   uint64_t seed = 42;
   double gamma = 0;        // 0: resolve_gamma's default
-  int64_t loss_chunk = 2048;  // positions per LM-head chunk; <= 0: unfused (full logits, autograd)
+  // The contract of the loss chunk, stated here only: > 0 is the number of draft positions per
+  // chunk of the fused LM head + cross-entropy (loss.h; what training runs, drafter.loss_chunk,
+  // which the config requires to be > 0); 0 selects the plain loss (all [positions, vocab]
+  // logits at once, through autograd: the tests' and benchmarks' reference); < 0 is refused.
+  int64_t loss_chunk = 2048;
   int64_t min_blocks = 0;     // pad N to at least this (steady shapes)
   bool recompute_loss = false;  // fused CE: recompute logits in the backward (loss.h CeMode)
 };
-
-// The step options of the YAML drafter section (drafter.attention: "sdpa" or "kernel"; UserError
-// naming the key otherwise) and the run seed.
-StepOptions make_step_options(const DrafterConfig& cfg, int64_t seed);
 
 // Result of one batch. The sums are what data-parallel ranks all-reduce.
 struct StepOutput {

@@ -72,7 +72,13 @@ std::vector<std::string> expected_names(const DrafterSpec& s) {
 
 }  // namespace
 
-std::string drafter_config_json(const DrafterSpec& s) {
+const char* dflash_modeling_py() {
+  return
+#include "dflash_py.inc"
+      ;
+}
+
+std::string drafter_config_json(const DrafterSpec& s, const ExportRecord& rec) {
   std::string layer_types = "[";
   for (int64_t i = 0; i < s.num_layers; ++i) layer_types += (i ? ", " : "") + std::string("\"full_attention\"");
   layer_types += "]";
@@ -111,6 +117,14 @@ std::string drafter_config_json(const DrafterSpec& s) {
   add("initializer_range", num(s.initializer_range));
   add("use_cache", "true");
   add("torch_dtype", "\"bfloat16\"");
+  if (!rec.target_path.empty() || !rec.target_model_type.empty()) {
+    add("dflash_target", fmt::format("{{\"path\": {}, \"model_type\": {}, \"num_hidden_layers\": {}, "
+                                     "\"hidden_size\": {}, \"vocab_size\": {}}}",
+                                     json::quote(rec.target_path), json::quote(rec.target_model_type),
+                                     rec.target_num_layers, rec.target_hidden_size, rec.target_vocab_size));
+  }
+  if (!rec.data_json.empty()) add("dflash_data", rec.data_json);
+  if (!rec.version.empty()) add("dflash_version", json::quote(rec.version));
   j += "  \"dtype\": \"bfloat16\"\n}\n";
   return j;
 }
@@ -181,7 +195,7 @@ DrafterSpec read_drafter_config(const std::string& path) {
   return s;
 }
 
-void export_drafter(const Drafter& drafter, const std::string& dir_in) {
+void export_drafter(const Drafter& drafter, const std::string& dir_in, const ExportRecord& record) {
   std::string dir = dir_in;
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
   const std::string tmp = dir + ".tmp";
@@ -191,7 +205,8 @@ void export_drafter(const Drafter& drafter, const std::string& dir_in) {
   for (auto& [name, t] : drafter.named_parameters())
     tensors.emplace_back(name, t.detach().to(at::kCPU, at::kBFloat16).contiguous());
   st::save(tmp + "/model.safetensors", tensors, {{"format", "pt"}});
-  files::write_file_atomic(tmp + "/config.json", drafter_config_json(drafter.spec()));
+  files::write_file_atomic(tmp + "/config.json", drafter_config_json(drafter.spec(), record));
+  files::write_file_atomic(tmp + "/dflash.py", dflash_modeling_py());
   files::fsync_dir(tmp);
   if (exists(dir)) {
     const std::string old = dir + ".old";

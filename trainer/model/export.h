@@ -7,6 +7,10 @@
 //                      target_layer_ids}, layer_types, and the Qwen3 fields
 //   model.safetensors  the trainable tensors, names without prefix ("fc.weight", "layers.0...."),
 //                      bf16; no embed_tokens / lm_head (the target's are shared)
+//   dflash.py          the transformers modeling file (trainer/model/hf/dflash.py, embedded in
+//                      the binary at build time) that auto_map names
+// config.json may carry extra top-level fields that the serving engines ignore (ExportRecord:
+// the target's identity, the data's template/thinking record, the code version).
 // Export writes everything into `dir + ".tmp"` and renames it over `dir` when complete (an
 // existing `dir` is replaced), so a reader never sees a half-written export.
 // Import validates: config fields (types, presence, a drafter of this architecture, full
@@ -22,8 +26,20 @@
 
 namespace dflash::model {
 
-// The config.json text of `spec` (keys in DFLASH.md §5 order).
-std::string drafter_config_json(const DrafterSpec& spec);
+// What an export records beside the drafter (config.json fields "dflash_target", "dflash_data",
+// "dflash_version"; docs/checkpoint.md). Empty members are not written.
+struct ExportRecord {
+  std::string target_path;        // the target's model directory as configured
+  std::string target_model_type;  // its config.json model_type
+  int64_t target_num_layers = 0, target_hidden_size = 0, target_vocab_size = 0;
+  std::string data_json;          // a JSON value: the data's preparation record(s)
+  std::string version;            // dflash's code version (core/version.h)
+};
+
+// The config.json text of `spec` (keys in DFLASH.md §5 order, then the record's fields).
+std::string drafter_config_json(const DrafterSpec& spec, const ExportRecord& record = {});
+// The text of dflash.py shipped with every export.
+const char* dflash_modeling_py();
 
 // Parses and validates a drafter config.json (not yet against a target).
 DrafterSpec read_drafter_config(const std::string& config_path);
@@ -36,7 +52,7 @@ void check_drafter_tensors(const std::string& dir, const DrafterSpec& spec);
 DrafterSpec read_drafter_dir(const std::string& dir);
 
 // Writes `dir` (see above). Tensors are converted to bf16 on the CPU.
-void export_drafter(const Drafter& drafter, const std::string& dir);
+void export_drafter(const Drafter& drafter, const std::string& dir, const ExportRecord& record = {});
 
 // Reads `dir`'s config.json, checks it against `target`, and returns a drafter on `device` in
 // `dtype` holding the directory's weights.

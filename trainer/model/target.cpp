@@ -466,7 +466,7 @@ std::vector<std::vector<int64_t>> TargetModel::generate(
 // ---- run settings ------------------------------------------------------------------------------
 
 std::vector<int64_t> default_layer_ids(int64_t num_layers, int64_t k) {
-  if (k < 1) throw_user("number of captured target layers must be >= 1, got {}", k);
+  if (k < 1) throw_user("target.num_features must be >= 1, got {}", k);
   if (k == 1) return {num_layers / 2};
   if (num_layers < 5 || k > num_layers - 3)
     throw_user("cannot pick {} capture layers between layer 1 and layer {} of a {}-layer target; "

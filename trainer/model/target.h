@@ -140,7 +140,9 @@ TargetEmbeddings load_target_embeddings(const std::string& dir, at::ScalarType d
 
 // DFLASH.md §1.1's default capture ids for a target of `num_layers` layers: k == 1 -> {L / 2};
 // else round(1 + i (L - 4) / (k - 1)), i = 0..k-1 (round half to even, as Python's round).
-// Qwen3-8B (36 layers, k = 5): [1, 9, 17, 25, 33].
+// Qwen3-8B (36 layers, k = 5): [1, 9, 17, 25, 33]. The one copy of the rule (the drafter's
+// make_spec uses it too). UserError when k < 1 or k > num_layers - 3 (ids would repeat or leave
+// the target): give target.layer_ids explicitly then.
 std::vector<int64_t> default_layer_ids(int64_t num_layers, int64_t k);
 
 // The capture ids of a run: `explicit_ids` if non-empty (validated: strictly increasing,

@@ -4,6 +4,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include "core/launch_check.h"
+
 namespace dflash::model::kernels {
 
 namespace {
@@ -112,6 +114,7 @@ void launch_qk(void* qkv, int64_t T_tokens, int64_t ld, int nq, int nkv, int hd,
   qk_norm_rope_kernel<T><<<unsigned(blocks), threads, 0, st>>>(
       static_cast<T*>(qkv), T_tokens, ld, nq, nkv, hd, static_cast<const T*>(qn),
       static_cast<const T*>(kn), eps, cos, sin);
+  DFLASH_CHECK_LAUNCH("target q/k norm + RoPE");
 }
 
 template <typename T>
@@ -129,6 +132,7 @@ void launch_silu(const void* gu, void* out, int64_t T_tokens, int64_t I, cudaStr
   else
     silu_mul_kernel<T, 1><<<unsigned(blocks), threads, 0, st>>>(static_cast<const T*>(gu),
                                                                  static_cast<T*>(out), T_tokens, I);
+  DFLASH_CHECK_LAUNCH("target SiLU x up");
 }
 
 }  // namespace

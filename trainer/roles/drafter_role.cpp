@@ -1,5 +1,5 @@
 // The drafter side (roles.h): DrafterTrainer, the drafter loop and the colocated loop.
-#include <array>
+#include <algorithm>
 #include <cmath>
 #include <deque>
 
@@ -20,6 +20,7 @@
 #include "trainer/roles/eval_hooks.h"
 #include "trainer/roles/preempt.h"
 #include "trainer/roles/roles.h"
+#include "trainer/roles/run_info.h"
 
 
 namespace dflash::roles {
@@ -40,9 +41,9 @@ enum Stat {
   kBatches,
   kFlops,
   kStop,         // Σ stop flags (signalled ranks, preempt.h)
-  kNumStats
+  kNumStats      // then per block offset k = 1..bs-1: correct, count (2 x (bs-1) entries)
 };
-using Stats = std::array<double, kNumStats>;
+using Stats = std::vector<double>;
 
 // Peak bf16 dense matmul FLOP/s of one GPU for MFU (H200/H100 SXM: 989.4 TFLOP/s).
 constexpr double kPeakFlops = 989.4e12;
@@ -113,8 +114,8 @@ struct DrafterTrainer::Impl {
   model::StepOptions sopt;
   std::unique_ptr<metrics::MetricsLog> mlog;
 
-  Stats step{};
-  Stats interval{};
+  Stats step;
+  Stats interval;
   double interval_loss = 0;  // Σ over steps of the step's mean loss
   int64_t interval_steps = 0;
   double interval_start = 0, run_start = 0;
@@ -129,7 +130,9 @@ struct DrafterTrainer::Impl {
   double eval_tau = -1, eval_s = 0;  // latest evaluation during training (eval_hooks.h)
   int64_t eval_step = 0;
 
-  Impl(const RoleContext& c, int64_t jj, int wr) : ctx(c), p(c.plan), cfg(c.cfg), j(jj), world_rank(wr) {}
+  Impl(const RoleContext& c, int64_t jj, int wr)
+      : ctx(c), p(c.plan), cfg(c.cfg), j(jj), world_rank(wr),
+        step(kNumStats + 2 * (c.plan.spec.block_size - 1), 0.0), interval(step.size(), 0.0) {}
   bool leader() const { return j == 0; }
 };
 
@@ -154,9 +157,8 @@ DrafterTrainer::DrafterTrainer(const RoleContext& ctx, int64_t drafter_index, in
     log::info("drafter {}: resumed from {} (step {}, batch {})", m.j, p.resume_dir, p.resume->step,
               p.resume->next_batch);
   }
+  // drafter.attention is "sdpa" or "kernel" (checked once, when the config is loaded)
   m.sopt.attention = m.cfg.drafter.attention == "kernel" ? attention::Backend::Kernel : attention::Backend::Reference;
-  if (m.cfg.drafter.attention != "kernel" && m.cfg.drafter.attention != "sdpa")
-    throw_user("config: drafter.attention = '{}', expected sdpa or kernel", m.cfg.drafter.attention);
   m.sopt.num_anchors = m.cfg.drafter.num_anchors;
   m.sopt.seed = static_cast<uint64_t>(m.cfg.run.seed);
   m.sopt.gamma = p.gamma;
@@ -193,9 +195,14 @@ void DrafterTrainer::train_batch(const BatchMessage& b, double wait_s) {
   (out.loss / static_cast<double>(m.p.grad_accum)).backward();
   Stats& s = m.step;
   s[kLossSum] += out.loss_value;
+  const size_t npos = (s.size() - kNumStats) / 2;
   for (size_t i = 0; i < out.correct_per_pos.size(); ++i) {
     s[kCorrect] += out.correct_per_pos[i];
     s[kCount] += out.count_per_pos[i];
+    if (i >= 1 && i <= npos) {  // entry k of the output is block offset k (offset 0 has no label)
+      s[kNumStats + 2 * (i - 1)] += out.correct_per_pos[i];
+      s[kNumStats + 2 * (i - 1) + 1] += out.count_per_pos[i];
+    }
   }
   s[kTauSum] += out.tau_sum;
   s[kTauBlocks] += static_cast<double>(out.tau_blocks);
@@ -230,11 +237,12 @@ bool DrafterTrainer::finish_step(int64_t s) {
       grads.push_back(t.grad());
     }
     m.ctx.comm->all_reduce(*m.ctx.drafter_group, grads, comm::ReduceOp::Average, s * p.batches_per_step);
-    at::Tensor st = at::from_blob(m.step.data(), {kNumStats}, at::kDouble).to(m.ctx.comm->device());
+    const int64_t n_stats = static_cast<int64_t>(m.step.size());
+    at::Tensor st = at::from_blob(m.step.data(), {n_stats}, at::kDouble).clone().to(m.ctx.comm->device());
     std::vector<at::Tensor> v = {st};
     m.ctx.comm->all_reduce(*m.ctx.drafter_group, v, comm::ReduceOp::Sum, s * p.batches_per_step);
     at::Tensor back = v[0].to(at::kCPU).contiguous();
-    std::copy(back.data_ptr<double>(), back.data_ptr<double>() + kNumStats, m.step.begin());
+    std::copy(back.data_ptr<double>(), back.data_ptr<double>() + n_stats, m.step.begin());
   }
   m.last_lr = m.sched.at(s);
   m.last_gnorm = m.opt->step(m.last_lr, m.cfg.train.grad_clip);
@@ -269,10 +277,10 @@ bool DrafterTrainer::finish_step(int64_t s) {
   }
   const bool stopping = m.stop_after == s && !last;
 
-  for (int i = 0; i < kNumStats; ++i) m.interval[i] += m.step[i];
+  for (size_t i = 0; i < m.step.size(); ++i) m.interval[i] += m.step[i];
   m.interval_loss += m.step[kLossSum] / std::max(1.0, m.step[kBatches]);
   ++m.interval_steps;
-  m.step.fill(0.0);
+  std::fill(m.step.begin(), m.step.end(), 0.0);
 
   if (m.cfg.log.interval > 0 && (done % m.cfg.log.interval == 0 || last || stopping)) {
     const double t = now_s(), wall = std::max(1e-9, t - m.interval_start);
@@ -295,8 +303,12 @@ bool DrafterTrainer::finish_step(int64_t s) {
     mm.mfu = p.device.is_cuda() ? a[kFlops] / (wall * static_cast<double>(p.drafter_ranks) * kPeakFlops) : -1.0;
     mm.mem_gb = device::peak_memory_gib(p.device);
     mm.elapsed_s = t - m.run_start;
+    mm.percent = 100.0 * static_cast<double>(done) / static_cast<double>(std::max<int64_t>(1, p.total_steps));
+    mm.eta_s = mm.elapsed_s / static_cast<double>(done - p.start_step) * static_cast<double>(p.total_steps - done);
+    mm.total_epochs = p.data->locate(std::max<int64_t>(0, p.total_batches - 1)).first + 1;
+    for (size_t i = kNumStats; i + 1 < a.size(); i += 2) mm.accuracy_per_pos.push_back(a[i + 1] > 0 ? a[i] / a[i + 1] : 0.0);
     m.mlog->write(mm);
-    m.interval.fill(0.0);
+    std::fill(m.interval.begin(), m.interval.end(), 0.0);
     m.interval_loss = 0;
     m.interval_steps = 0;
     m.interval_start = t;
@@ -325,7 +337,7 @@ bool DrafterTrainer::finish_step(int64_t s) {
   }
   if (m.leader() && ck.export_every > 0 && done % ck.export_every == 0 && !last) {
     files::make_dirs(m.cfg.run.dir + "/exports");
-    model::export_drafter(*m.drafter, ckpt::export_dir(m.cfg.run.dir, done));
+    model::export_drafter(*m.drafter, ckpt::export_dir(m.cfg.run.dir, done), export_record(m.cfg, p));
     m.mlog->announce(fmt::format("step {}: drafter exported to {}", done, ckpt::export_dir(m.cfg.run.dir, done)));
   }
   return stopping;
@@ -346,9 +358,10 @@ void DrafterTrainer::finish_run() {
   if (!m.leader()) return;
   files::make_dirs(m.cfg.run.dir + "/exports");
   const std::string dir = ckpt::final_export_dir(m.cfg.run.dir);
-  model::export_drafter(*m.drafter, dir);
-  m.mlog->announce(fmt::format("training done: {} steps in {:.1f} s; drafter exported to {}", m.p.total_steps,
-                               now_s() - m.run_start, dir));
+  model::export_drafter(*m.drafter, dir, export_record(m.cfg, m.p));
+  m.mlog->announce(fmt::format("training done: {} steps in {}; drafter exported to {}", m.p.total_steps,
+                               metrics::format_duration(now_s() - m.run_start), dir));
+  for (const auto& line : finish_lines(m.cfg, m.p, dir)) m.mlog->announce(line);
 }
 
 const model::Drafter& DrafterTrainer::drafter() const { return *impl_->drafter; }

@@ -48,11 +48,8 @@ EvalLeader::EvalLeader(const RoleContext& ctx)
 std::optional<eval::LiveResult> EvalLeader::after_step(int64_t done, const model::Drafter& drafter) {
   if (next_ >= steps_.size() || steps_[next_] != done) return std::nullopt;
   ++next_;
-  at::Tensor w;
-  {
-    c10::InferenceMode guard;
-    w = eval::LiveEval::flatten(drafter);
-  }
+  // A normal tensor (not an inference tensor): the all-reduce writes into it in place.
+  at::Tensor w = eval::LiveEval::flatten(drafter);
   return result_of(exchange(ctx_, w, {}, done * ctx_.plan.batches_per_step).back());
 }
 
@@ -95,11 +92,8 @@ ColocatedEval::~ColocatedEval() = default;
 std::optional<eval::LiveResult> ColocatedEval::after_step(int64_t done, const model::Drafter& drafter) {
   if (next_ >= steps_.size() || steps_[next_] != done) return std::nullopt;
   ++next_;
-  at::Tensor w;
-  {
-    c10::InferenceMode guard;
-    w = eval::LiveEval::flatten(drafter);
-  }
+  // A normal tensor (not an inference tensor): the all-reduce writes into it in place.
+  at::Tensor w = eval::LiveEval::flatten(drafter);
   return live_->run(w, done);
 }
 

@@ -23,6 +23,7 @@ RunPlan make_plan(const Config& cfg, const Schedule& schedule, int world_size, i
 
   // The target and the drafter's shape (every rank: a mismatch is reported everywhere).
   if (cfg.target.model_dir.empty()) throw_user("config: target.model_dir is empty; expected a Hugging Face model directory");
+  check_paths(cfg);  // a missing directory or shard names its key (and the override that set it)
   p.target_config = model::load_hf_config(cfg.target.model_dir);
   p.target_info = model::target_info(p.target_config);
   model::check_target_weights(cfg.target.model_dir, p.target_config);  // headers only, before anything is written
@@ -48,7 +49,7 @@ RunPlan make_plan(const Config& cfg, const Schedule& schedule, int world_size, i
   d.batch_tokens = cfg.data.batch_tokens;
   d.max_seq_len = cfg.data.max_seq_len;
   d.seed = cfg.run.seed;
-  d.vocab_limit = p.target_info.vocab_size;
+  d.vocab_limit = p.target_config.vocab_size;
   p.data = std::make_shared<data::Dataset>(d);
 
   if (cfg.train.epochs < 1 && cfg.train.max_steps <= 0)

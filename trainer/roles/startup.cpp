@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include "comm/startup_watchdog.h"
 #include "comm/watchdog.h"
 #include "core/log.h"
 
@@ -13,6 +14,7 @@ comm::CommOptions comm_options(const Config& cfg) {
 }
 
 RankContext start_rank(const Config& cfg, bool check_layout) {
+  comm::startup_begin(cfg.comm.startup_timeout_s);  // before any blocking call (comm/startup_watchdog.h)
   log::set_level(log::parse_level(cfg.log.level));
   comm::Identity id = comm::detect();
   Schedule schedule = check_layout ? Schedule(cfg.layout.target_ranks, cfg.layout.drafter_ranks, cfg.layout.colocated,

@@ -12,6 +12,8 @@
 #include "comm/communicator.h"
 #include "comm/preempt.h"
 #include "comm/identity.h"
+#include "comm/progress.h"
+#include "comm/startup_watchdog.h"
 #include "comm/store.h"
 #include "comm/watchdog.h"
 #include "core/error.h"
@@ -19,6 +21,7 @@
 #include "trainer/roles/eval_hooks.h"
 #include "trainer/roles/roles.h"
 #include "trainer/roles/run_dir.h"
+#include "trainer/roles/run_info.h"
 
 namespace dflash {
 namespace {
@@ -64,7 +67,12 @@ std::optional<roles::RunPlan> plan_on_every_rank(const Config& cfg, const roles:
     if (ctx.id.world_size == 1) throw;
     mine = {comm::exit_code_of(e), e.what()};
   }
-  const std::vector<comm::Report> all = comm::agree(ctx.id, "startup", mine, cfg.comm.startup_timeout_s, store);
+  std::vector<comm::Report> all;
+  {
+    // a backstop at the deadline + 3 s (agree() reports a timeout better itself)
+    comm::StartupPhase phase("the plan agreement", 3.0);
+    all = comm::agree(ctx.id, "startup", mine, cfg.comm.startup_timeout_s, store);
+  }
   std::vector<int> bad;
   for (int r = 0; r < ctx.id.world_size; ++r)
     if (!all[static_cast<size_t>(r)].ok()) bad.push_back(r);
@@ -99,13 +107,13 @@ int run_training(const Config& cfg, const roles::RankContext& ctx, bool resume) 
   std::shared_ptr<comm::Store> store = comm::startup_store(ctx.id, cfg.comm.startup_timeout_s);
   std::optional<roles::RunPlan> plan = plan_on_every_rank(cfg, ctx, resume, store.get(), &rc);
   if (!plan) return rc;
+  comm::progress::publish("plan done");
+  comm::progress::maybe_fail(ctx.id.rank, "plan");  // the fault tests' hook (comm/progress.h)
   const roles::RunPlan& p = *plan;
-  if (ctx.id.rank == 0)
-    log::info("plan: {} target + {} drafter rank(s){}, {} batches/step ({} x grad_accum {}), steps {}..{}, "
-              "{} documents / {} tokens, target layers [{}]{}",
-              p.target_ranks, p.drafter_ranks, p.colocated ? " (colocated)" : "", p.batches_per_step,
-              p.drafter_ranks, p.grad_accum, p.start_step, p.total_steps, p.data->num_docs(), p.data->num_tokens(),
-              fmt::join(p.layer_ids, ", "), p.resume ? fmt::format(", resuming from {}", p.resume_dir) : "");
+  if (ctx.id.rank == 0) {
+    for (const auto& line : roles::run_header(cfg, ctx, p)) log::info("{}", line);
+    roles::copy_data_record(cfg);
+  }
 
   auto outcome = [&] {
     if (comm::preempted_at() < 0) return kExitOk;

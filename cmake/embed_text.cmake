@@ -1,0 +1,15 @@
+# Writes OUT: the text of IN as one C++ raw string literal (used for trainer/model/hf/dflash.py,
+# which every export carries). Run as a build step, so an edit of IN is picked up by ninja.
+file(READ "${IN}" _text)
+string(FIND "${_text}" ")dflash_embed\"" _bad)
+if(NOT _bad EQUAL -1)
+  message(FATAL_ERROR "${IN} contains the raw-string delimiter )dflash_embed\"")
+endif()
+set(_out "R\"dflash_embed(${_text})dflash_embed\"\n")
+if(EXISTS "${OUT}")
+  file(READ "${OUT}" _old)
+  if(_old STREQUAL _out)
+    return()
+  endif()
+endif()
+file(WRITE "${OUT}" "${_out}")

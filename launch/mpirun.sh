@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# dflash under OpenMPI's mpirun, on one node or several (a hostfile). Identity comes from MPI
+# itself (rank, size, and the local rank from MPI_COMM_TYPE_SHARED); each rank takes GPU
+# local_rank % visible GPUs (docs/comm.md). Exit codes: docs/launch.md.
+#
+#   launch/mpirun.sh [CONFIG.yaml] [key=value ...] [--resume | --comm-check N | --whoami]
+#
+# Environment:
+#   NP            number of ranks (default 8 = 5 target + 3 drafter ranks of configs/qwen3-8b.yaml)
+#   HOSTFILE      a hostfile ("node1 slots=8" per line) for several nodes; mpirun starts the
+#                 remote ranks over ssh (or MPIRUN_ARGS="--mca plm_rsh_agent SCRIPT")
+#   MPIRUN_ARGS   extra mpirun options (word-split), e.g. "--mca btl_tcp_if_include ib0"
+#   DFLASH_BIN    default build/trainer/dflash_rank (the same path on every node)
+# Signals: mpirun forwards SIGUSR1/SIGUSR2 to every rank and ends them on SIGTERM/SIGINT.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CONFIG=${1:-configs/qwen3-8b.yaml}; shift || true
+BIN=${DFLASH_BIN:-build/trainer/dflash_rank}
+NP=${NP:-8}
+[ -x "$BIN" ] || { echo "launch: $BIN not found; build it first (tools/setup.sh or ninja -C build dflash_rank)" >&2; exit 2; }
+[ -f "$CONFIG" ] || { echo "launch: config file '$CONFIG' not found" >&2; exit 2; }
+[ "$(id -u)" = 0 ] && export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+hosts=()
+if [ -n "${HOSTFILE:-}" ]; then
+  [ -f "$HOSTFILE" ] || { echo "launch: HOSTFILE '$HOSTFILE' not found" >&2; exit 2; }
+  hosts=(--hostfile "$HOSTFILE")
+fi
+
+# NCCL settings (GPU runs; -x passes them to the ranks on every node):
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}    # NVLink multicast off (the H200 hosts hang with it)
+# export NCCL_SOCKET_IFNAME=ib0,eth0              # several nodes: the interface of the bootstrap
+# export NCCL_IB_HCA=mlx5                         # several nodes: the InfiniBand adapters to use
+# export NCCL_DEBUG=WARN                          # INFO prints rings/trees and transports at start
+# Several nodes over TCP (no InfiniBand): also MPIRUN_ARGS="--mca btl self,tcp --mca btl_tcp_if_include eth0"
+
+# --bind-to none: each rank drives one GPU with its own threads
+# shellcheck disable=SC2086
+exec mpirun -np "$NP" "${hosts[@]}" --bind-to none -x NCCL_NVLS_ENABLE ${MPIRUN_ARGS:-} \
+  "$BIN" --config "$CONFIG" "$@"

@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""Training curves of one or several dflash runs from their metrics.jsonl, to one PNG (for users
+without TensorBoard; `tensorboard --logdir runs/` shows the same numbers live).
+
+  python tools/plot_metrics.py runs/demo [runs/other ...] --out curves.png
+
+Each argument is a run directory (its metrics.jsonl is read) or a metrics.jsonl file; runs are
+labelled by their directory name. Panels: loss, accuracy (and per block offset for a single run),
+tau (the training-time acceptance estimate, and the evaluation's tau when the records carry
+one: any numeric field whose name contains "tau" besides "tau" itself), throughput (drafter
+and target tokens/s). The x axis is the optimizer step; a step logged twice (a resumed run)
+keeps its last value.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Dict, List
+
+
+def read_metrics(path: str) -> List[dict]:
+    """The records of a metrics.jsonl, one per step (the last record of a step wins)."""
+    by_step: Dict[int, dict] = {}
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise SystemExit(f"plot_metrics: {path}:{n}: not JSON ({e.msg})")
+            if isinstance(rec, dict) and isinstance(rec.get("step"), int):
+                by_step[rec["step"]] = {**by_step.get(rec["step"], {}), **rec}
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def series(records: List[dict], key: str):
+    xs, ys = [], []
+    for r in records:
+        v = r.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            xs.append(r["step"])
+            ys.append(v)
+    return xs, ys
+
+
+def plot(runs: Dict[str, List[dict]], out: str, title: str = "") -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+    (ax_loss, ax_acc), (ax_tau, ax_tps) = axes
+    for name, recs in runs.items():
+        ax_loss.plot(*series(recs, "loss"), label=name)
+        ax_acc.plot(*series(recs, "accuracy"), label=f"{name}" if len(runs) > 1 else "all offsets", lw=2)
+        if len(runs) == 1:
+            n = max((len(r.get("accuracy_per_pos") or []) for r in recs), default=0)
+            cmap = plt.get_cmap("viridis")
+            for k in range(n):
+                xs = [r["step"] for r in recs if len(r.get("accuracy_per_pos") or []) > k]
+                ys = [r["accuracy_per_pos"][k] for r in recs if len(r.get("accuracy_per_pos") or []) > k]
+                ax_acc.plot(xs, ys, lw=0.8, color=cmap(k / max(1, n - 1)), label=f"offset {k + 1}")
+        ax_tau.plot(*series(recs, "tau"), label=f"{name} train tau")
+        extra = sorted({k for r in recs for k, v in r.items()
+                        if "tau" in k and k != "tau" and isinstance(v, (int, float)) and not isinstance(v, bool)})
+        for k in extra:
+            ax_tau.plot(*series(recs, k), "o-", label=f"{name} {k}")
+        ax_tps.plot(*series(recs, "drafter_tok_s"), label=f"{name} drafter")
+        ax_tps.plot(*series(recs, "target_tok_s"), "--", label=f"{name} target")
+    for ax, t, y in [(ax_loss, "loss", "nats"), (ax_acc, "accuracy", "top-1"),
+                     (ax_tau, "tau (accepted drafts + 1)", "tokens / step"), (ax_tps, "throughput", "tokens/s")]:
+        ax.set_title(t)
+        ax.set_xlabel("step")
+        ax.set_ylabel(y)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, ncol=2 if len(ax.get_lines()) > 6 else 1)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    tmp = out + ".tmp.png"
+    fig.savefig(tmp, dpi=80)
+    plt.close(fig)
+    os.replace(tmp, out)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", nargs="+", help="run directories or metrics.jsonl files")
+    ap.add_argument("--out", default="metrics.png", help="PNG file to write (default metrics.png)")
+    ap.add_argument("--title", default="", help="figure title")
+    a = ap.parse_args(argv)
+    runs: Dict[str, List[dict]] = {}
+    for r in a.runs:
+        path = os.path.join(r, "metrics.jsonl") if os.path.isdir(r) else r
+        if not os.path.isfile(path):
+            print(f"plot_metrics: error: {path} does not exist", file=sys.stderr)
+            return 2
+        name = os.path.basename(os.path.dirname(os.path.abspath(path))) or path
+        while name in runs:
+            name += "'"
+        recs = read_metrics(path)
+        if not recs:
+            print(f"plot_metrics: error: {path} has no metrics records", file=sys.stderr)
+            return 2
+        runs[name] = recs
+    plot(runs, a.out, a.title)
+    print(f"plot_metrics: {', '.join(f'{n} ({len(r)} steps)' for n, r in runs.items())} -> {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
