@@ -4,6 +4,7 @@ test module in a temporary directory), a small config, and launchers for dflash_
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -70,6 +71,39 @@ def mpirun(np_, args, resume=False, timeout=300, **e):
                        cwd=SRC, stdin=subprocess.DEVNULL)
     p.all = p.stdout + p.stderr
     return p
+
+
+def session_pids(sid):
+    """Live processes of session `sid` (a launcher started with start_new_session=True and all it
+    started: Open MPI puts every rank into a process group of its own, so killpg reaches mpirun
+    alone, but the ranks stay in its session)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[3]) == sid:  # state, ppid, pgrp, session
+            out.append(int(d))
+    return out
+
+
+def kill_session(proc, timeout=30):
+    """kill -9 of the launcher `proc` and every process of its session (a node that dies), then
+    wait until none is left: nothing of the killed run may write into its directory afterwards."""
+    for pid in session_pids(proc.pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait(timeout=timeout)
+    t0 = time.monotonic()
+    while session_pids(proc.pid):
+        assert time.monotonic() - t0 < timeout, f"still alive after kill -9: {session_pids(proc.pid)}"
+        time.sleep(0.05)
 
 
 def step_losses(run_dir):

@@ -17,7 +17,6 @@ tiny target, 2 target + 2 drafter ranks, 12 steps (a few seconds each run):
 import json
 import os
 import shutil
-import signal
 import subprocess
 import time
 
@@ -125,8 +124,7 @@ def test_stale_tmp_cleaned_and_requeue_auto_resumes(assets, straight, tmp_path):
             break
         time.sleep(0.02)
     assert proc.poll() is None, "the run ended before it could be killed:\n" + proc.stdout.read()[-3000:]
-    os.killpg(proc.pid, signal.SIGKILL)  # every rank and mpirun (one session)
-    proc.wait(timeout=30)
+    oc.kill_session(proc)  # mpirun and every rank (each rank is a process group of its own)
     ck = os.path.join(run_dir, "checkpoints")
     states = sorted(n for n in os.listdir(ck) if n.startswith("step-") and not n.endswith(".tmp"))
     assert states and int(states[-1][5:]) < STEPS, states
@@ -163,8 +161,7 @@ def test_second_launch_while_one_runs_is_refused(assets, tmp_path):
         assert p.returncode == 2 and "is in use by another launch (pid" in p.all, p.all[-3000:]
         assert proc.poll() is None, "the first launch was disturbed"
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
+        oc.kill_session(proc)
     lines = open(metrics).read().split("\n")[:-1]  # complete lines (kill -9 may cut the last)
     steps = [json.loads(l)["step"] for l in lines]
     assert steps == list(range(1, len(steps) + 1)), steps  # one run's lines only
