@@ -98,7 +98,8 @@ while [ ${#live[@]} -gt 0 ]; do
   done_pid=""
   wait -n -p done_pid "${live[@]}" 2>/dev/null  # (bash's own "Killed" notice: we say it below)
   rc=$?
-  if [ -z "$done_pid" ]; then continue; fi  # a trapped signal interrupted the wait
+  # a trapped signal interrupted the wait (bash then leaves done_pid unset: set -u would end us)
+  if [ -z "${done_pid:-}" ]; then continue; fi
   rest=(); for p in "${live[@]}"; do [ "$p" != "$done_pid" ] && rest+=("$p"); done
   live=("${rest[@]}")
   r=$(rank_of "$done_pid")
