@@ -91,6 +91,9 @@ std::atomic<int> g_preempt_signal{0};        // the first SIGTERM/SIGUSR1 after 
 std::atomic<int64_t> g_preempt_since_ns{0};  // when it arrived
 std::atomic<int64_t> g_preempt_deadline_ns{0};
 std::atomic<int64_t> g_preempted_at{-1};
+// Under Open MPI's mpirun (set by arm_preemption): a SIGTERM is usually mpirun's own stop (Ctrl-C,
+// kill of mpirun), and mpirun sends SIGKILL odls_base_sigkill_timeout (1) s later.
+bool g_under_mpirun = false;
 
 int64_t now_ns_signal_safe() {
   struct timespec ts;
@@ -115,6 +118,10 @@ void on_preempt_signal(int sig) {
   write_str(name);
   write_str(": the run saves a state at the next step boundary the ranks agree on, then exits with code 4 (a "
             "second signal exits now)");
+  if (sig == SIGTERM && g_under_mpirun)
+    write_str("; if this SIGTERM came from mpirun (Ctrl-C, kill of mpirun), mpirun kills the ranks within a "
+              "second and the next launch resumes from the last regular state: to stop with a state, send "
+              "SIGUSR1 to mpirun");
   for (Slot& s : g_slots) {
     if (!s.used.load(std::memory_order_acquire)) continue;
     write_str("; blocked in ");
@@ -293,6 +300,7 @@ void maybe_inject_failure(int rank, int64_t batch) { fault::point(rank, std::to_
 void arm_preemption(double deadline_s) {
   refresh_prefix();
   g_preempt_deadline_ns.store(static_cast<int64_t>(deadline_s * 1e9));
+  g_under_mpirun = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr;
   struct sigaction sa;
   std::memset(&sa, 0, sizeof(sa));
   sa.sa_handler = on_preempt_signal;

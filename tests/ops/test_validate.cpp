@@ -16,6 +16,7 @@
 
 #include "core/error.h"
 #include "trainer/config.h"
+#include "trainer/config/identity.h"
 #include "trainer/model/hf_config.h"
 #include "trainer/model/safetensors.h"
 
@@ -189,4 +190,14 @@ TEST(Validate, NonFiniteTensorsNameFileAndTensor) {
         << e.what();
   }
   EXPECT_NO_THROW(dflash::st::check_finite(at::zeros({3}, at::kLong), "f", "ids"));
+}
+
+// The identity of a run (trainer/config/identity.h): what it computes, not how it is watched.
+TEST(Identity, WatchingAndPlacementKeysAreNotIdentity) {
+  for (const char* k : {"log.interval", "comm.timeout_s", "checkpoint.state_every", "eval.every", "eval.prompts",
+                        "run.name", "run.dir", "run.cpu_threads", "run.overwrite", "run.accept_changes"})
+    EXPECT_FALSE(dflash::is_identity_key(k)) << k;
+  for (const char* k : {"train.lr", "train.max_steps", "drafter.num_layers", "data.shards", "run.seed",
+                        "layout.target_ranks", "target.model_dir"})
+    EXPECT_TRUE(dflash::is_identity_key(k)) << k;
 }

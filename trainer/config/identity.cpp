@@ -41,7 +41,8 @@ std::map<std::string, std::string> flatten_config_yaml(const std::string& yaml, 
 }
 
 bool is_identity_key(const std::string& k) {
-  if (starts_with(k, "log.") || starts_with(k, "comm.") || starts_with(k, "checkpoint.")) return false;
+  if (starts_with(k, "log.") || starts_with(k, "comm.") || starts_with(k, "checkpoint.") || starts_with(k, "eval."))
+    return false;  // eval: evaluation during training watches the run, the losses are the same (tests/eval)
   return k != "run.name" && k != "run.dir" && k != "run.cpu_threads" && k != "run.overwrite" &&
          k != "run.accept_changes";
 }

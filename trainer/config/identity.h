@@ -2,7 +2,7 @@
 // of them, and the differences between two resolved configs (docs/training.md "Run directories").
 //
 // Owns the rule: a run is identified by every key of the resolved config except those that
-// only change how it is watched or where it runs: the sections log, comm and checkpoint, and
+// only change how it is watched or where it runs: the sections log, comm, checkpoint and eval, and
 // run.name, run.dir (a moved directory is the same run), run.cpu_threads, run.overwrite,
 // run.accept_changes. Two launches with the same
 // identity are the same run (a requeued job auto-resumes); anything else is another run.
