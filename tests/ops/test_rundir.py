@@ -112,6 +112,20 @@ def test_changed_schedule_on_resume(assets, straight, tmp_path):
     assert sorted(oc.step_losses(run_dir)) == list(range(1, 13))
 
 
+def test_overwrite_in_a_requeued_slurm_job_resumes(assets, straight, tmp_path):
+    """sbatch ... run.overwrite=true, preempted and requeued: the restart (SLURM_RESTART_COUNT=1)
+    must continue the run, not delete it (it would start over at every requeue)."""
+    run_dir = str(tmp_path / "run")
+    shutil.copytree(straight, run_dir)
+    before = oc.step_losses(run_dir)
+    p = oc.mpirun(NP, args(assets, run_dir, **{"run.overwrite": "true"}), SLURM_RESTART_COUNT=1, SLURM_JOB_ID=77)
+    assert p.returncode == 0, p.all[-3000:]
+    assert "run.overwrite=true ignored: this is restart 1 of SLURM job 77" in p.all, p.all[-3000:]
+    assert "auto-resume:" in p.all and "deleted the previous run" not in p.all, p.all[-3000:]
+    assert oc.step_losses(run_dir) == before
+    assert oc.export_bytes(run_dir) == oc.export_bytes(straight)
+
+
 def test_stale_tmp_cleaned_and_requeue_auto_resumes(assets, straight, tmp_path):
     run_dir = str(tmp_path / "run")
     over = args(assets, run_dir, **{"checkpoint.state_every": 4})

@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <optional>
@@ -147,6 +148,17 @@ RunDirDecision inspect_run_dir(const Config& cfg, bool resume_flag) {
   }
   const std::string now_yaml = to_yaml(cfg);
 
+  const char* restarts = std::getenv("SLURM_RESTART_COUNT");
+  if (cfg.run.overwrite && !resume_flag && restarts != nullptr && std::atoi(restarts) > 0 && rj && state &&
+      rj->config_hash == identity_hash(cfg)) {
+    d.kind = RunDirDecision::Kind::AutoResume;
+    d.resume = true;
+    d.overwrite_ignored = fmt::format("run.overwrite=true ignored: this is restart {} of SLURM job {} and {} holds "
+                                      "a state of this same run (a job that started over at every requeue would "
+                                      "never finish)",
+                                      restarts, std::getenv("SLURM_JOB_ID") ? std::getenv("SLURM_JOB_ID") : "?", dir);
+    return d;
+  }
   if (cfg.run.overwrite) {
     if (resume_flag)
       throw_user("--resume and run.overwrite=true contradict each other: --resume continues the run in {}, "
@@ -277,6 +289,7 @@ void prepare_run_dir(const Config& cfg, const RunDirDecision& d, const RunPlan& 
       kFormat, kVersion, json::quote(r.run_id), json::quote(r.config_hash), json::quote(r.code_version),
       json::quote(r.created), fmt::join(hist, ",\n"), json::quote(r.config_yaml));
   files::write_file_atomic(path_of(cfg, kRunFile), text);
+  if (!d.overwrite_ignored.empty()) log::warn("{}", d.overwrite_ignored);
   if (d.kind == K::AutoResume && plan.start_step >= plan.total_steps)
     log::info("auto-resume: {} holds the final state of this run (run {}, step {} of {}): nothing to train, the "
               "final export is written again (run.overwrite=true starts over)",

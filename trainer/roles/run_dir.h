@@ -35,9 +35,13 @@ struct RunDirDecision {
   std::vector<std::string> history;    // of the existing run.json
   std::vector<ConfigChange> accepted;  // identity changes taken with run.accept_changes
   std::string before_yaml;             // the run's config before this launch ("" if none)
+  std::string overwrite_ignored;       // why run.overwrite=true was not applied ("" if it was or unset)
 };
 
 // Every rank, before make_plan; reads only. UserError (one line) when the launch is refused.
+// run.overwrite=true is not applied in a requeued SLURM job (SLURM_RESTART_COUNT > 0) whose
+// directory holds a state of this same run: the job auto-resumes (one that started over at
+// every requeue would never finish).
 RunDirDecision inspect_run_dir(const Config& cfg, bool resume_flag);
 
 // World rank 0 only, after every rank's plan succeeded: creates run.dir, takes run.lock (a
