@@ -53,6 +53,8 @@ def colocated(target, data, run_dir, **extra):
 
 @pytest.mark.parametrize("key,value,expect", [
     ("comm.timeout_s", "nan", "must be a finite number of seconds"),
+    ("eval.temperature", "nan", "must be 0 (greedy) or a finite temperature > 0"),
+    ("eval.max_new_tokens", "1000000000000", "[1, 16777216]"),
     ("comm.timeout_s", "inf", "must be a finite number of seconds"),
     ("comm.startup_timeout_s", "-1", "must be a finite number of seconds"),
     ("run.cpu_threads", "1000000", "hardware threads"),

@@ -122,6 +122,20 @@ void validate_config(const Config& cfg) {
   c.int_range("checkpoint.export_every", cfg.checkpoint.export_every, 0, kMaxEvery, "0 (off) or a step count > 0");
   c.int_range("checkpoint.state_every", cfg.checkpoint.state_every, 0, kMaxEvery, "0 (off) or a step count > 0");
   c.int_range("checkpoint.keep_last", cfg.checkpoint.keep_last, 0, kMaxEvery, "0 (keep all) or a count > 0");
+  // eval (dflash_rank eval and evaluation during training; the drafter-dependent block size is
+  // checked against the drafter by trainer/eval)
+  const auto& e = cfg.eval;
+  c.int_range("eval.max_new_tokens", e.max_new_tokens, 1, kMaxSeqLen);
+  c.int_range("eval.batch_size", e.batch_size, 1, kMaxAnchors);
+  if (e.block_size != 0)
+    c.int_range("eval.block_size", e.block_size, 2, kMaxBlockSize, fmt::format("0 (the drafter's) or in [2, {}]", kMaxBlockSize));
+  c.real_range("eval.temperature", e.temperature, 0, 1e3, false, false, "0 (greedy) or a finite temperature > 0");
+  c.int_range("eval.seed", e.seed, -1, INT64_MAX, "-1 (run.seed) or an integer >= 0");
+  c.int_range("eval.max_prompts", e.max_prompts, 0, INT64_MAX, "0 (all) or a count > 0");
+  c.int_range("eval.every", e.every, 0, kMaxEvery, "0 (off) or a step count > 0");
+  c.int_range("eval.rank", e.rank, -1, kMaxRanks - 1, "-1 (automatic) or a rank >= 0");
+  for (size_t i = 0; i < e.stop_token_ids.size(); ++i)
+    c.int_range(fmt::format("eval.stop_token_ids[{}]", i), e.stop_token_ids[i], 0, (1 << 24) - 1, "a token id >= 0");
 }
 
 namespace {

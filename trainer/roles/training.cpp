@@ -61,6 +61,7 @@ std::optional<roles::RunPlan> plan_on_every_rank(const Config& cfg, const roles:
   comm::Report mine;
   roles::RunDirDecision run_dir;
   try {
+    check_paths(cfg);  // a missing path is the first thing to fix, before which run the directory holds
     run_dir = roles::inspect_run_dir(cfg, resume);  // reads only; may turn into an auto-resume
     plan = roles::make_plan(cfg, ctx.schedule, ctx.id.world_size, ctx.id.gpu, run_dir.resume);
   } catch (const std::exception& e) {
