@@ -33,9 +33,12 @@ void point(int rank, const std::string& where, const std::function<void(const st
   std::string k = kind;
   if (k != "throw" && k != "sigkill" && k != "stop" && k != "hang")
     throw_user("environment variable DFLASH_TEST_FAIL_AT: kind '{}' is not throw, sigkill, hang or stop", k);
-  log::warn("DFLASH_TEST_FAIL_AT: injecting '{}' at {}", k, where);
+  // a bare number is a batch of --comm-check (its tests read "at batch K")
+  bool numeric = !where.empty() && where.find_first_not_of("0123456789") == std::string::npos;
+  std::string label = numeric ? "batch " + where : where;
+  log::warn("DFLASH_TEST_FAIL_AT: injecting '{}' at {}", k, label);
   if (announce) announce(k);
-  if (k == "throw") throw std::runtime_error(fmt::format("injected failure (DFLASH_TEST_FAIL_AT) at {}", where));
+  if (k == "throw") throw std::runtime_error(fmt::format("injected failure (DFLASH_TEST_FAIL_AT) at {}", label));
   if (k == "sigkill") std::raise(SIGKILL);
   if (k == "stop") std::raise(SIGSTOP);
   for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));

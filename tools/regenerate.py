@@ -23,6 +23,7 @@ in OUT.work/settings.json and must match on a restart.
   python tools/regenerate.py --model TARGET_DIR --prompts train.jsonl --out chat.jsonl \\
       [--samples 1] [--temperature 0] [--top-p 1] [--seed 0] [--batch-size 64] \\
       [--max-new-tokens 512] [--max-prompt-tokens 1024] [--device auto] [--dtype auto]
+      [--engine auto|static|cache] [--check-every 8] [--cuda-graphs on|off]
 Exit codes: 0 done, 2 bad input (one line: file:line and what), other: the generator's.
 """
 from __future__ import annotations
@@ -235,6 +236,7 @@ def run(a) -> int:
             cmd += ["--threads", str(a.threads)]
         if a.refill_rows:
             cmd += ["--refill-rows", str(a.refill_rows)]
+        cmd += ["--engine", a.engine, "--check-every", str(a.check_every), "--cuda-graphs", a.cuda_graphs]
         r = subprocess.run(cmd, preexec_fn=_die_with_parent)
         if r.returncode != 0:
             return r.returncode
@@ -292,6 +294,10 @@ def main(argv=None) -> int:
     ap.add_argument("--refill-rows", type=int, default=0,
                     help="free rows that trigger a refill prefill (0: batch size / 16)")
     ap.add_argument("--progress-s", type=float, default=10.0, help="seconds between progress lines")
+    ap.add_argument("--engine", default="auto", choices=["auto", "static", "cache"],
+                    help="generator engine: static (dense targets, the default) or cache (see dflash_rank regenerate --help)")
+    ap.add_argument("--check-every", type=int, default=8, help="static engine: decode steps between host reads")
+    ap.add_argument("--cuda-graphs", default="on", choices=["on", "off"], help="static engine on CUDA: graph the decode step")
     ap.add_argument("--chat-template-kwargs", default="{}", help="JSON object for apply_chat_template")
     ap.add_argument("--dflash-rank", help="the dflash_rank binary (default: $DFLASH_BUILD_DIR or build/)")
     a = ap.parse_args(argv)

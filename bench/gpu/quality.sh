@@ -9,6 +9,8 @@
 #   DFLASH_GGUF=.gguf/SmolLM2-135M-Instruct.Q4_1.gguf bash bench/gpu/quality.sh stage1   (build, convert, prompts, speed ratio, regeneration)
 #   DFLASH_GGUF=...                                  bash bench/gpu/quality.sh stage2   (finish regeneration, prepare, train 5 layers, eval)
 #   DFLASH_GGUF=...                                  bash bench/gpu/quality.sh stage3   (train 1 layer, eval, plot, summary)
+#   DFLASH_GGUF=...                                  bash bench/gpu/quality.sh speed    (stage 1 up to the speed ratio only:
+#       dflash with CUDA graphs, without, the cache engine, transformers; prints "REGEN BAR"; bench/gpu/regen.sh)
 # Each stage stays under STAGE_BUDGET_S (default 540 s) and is resumable: state lives in
 # $DFLASH_QUALITY_DIR (default /tmp/dflash-quality, kept between back-to-back device calls);
 # a stage cut short is run again and continues (regeneration and training resume, finished
@@ -26,13 +28,13 @@
 # Q_MAX_NEW (384), Q_SPEED_PROMPTS (512), Q_STEPS (500), Q_ABLATION ("drafter.num_layers=1"),
 # Q_EVAL_BATCH (32), Q_EVAL_MAX_NEW (256), Q_EVAL_EVERY (100: real tau during training on 32
 # held-out prompts x 128 tokens, for the curve; 0: off), Q_DEVICE (auto), Q_OVERRIDES (more config overrides),
-# Q_SKIP_HF=1 (no transformers comparison), Q_TOY=1 (CPU smoke run: tests/real/test_chain.py).
+# Q_SKIP_HF=1 (no transformers comparison), Q_SKIP_CACHE=1 (no cache-engine run in the speed step), Q_TOY=1 (CPU smoke run: tests/real/test_chain.py).
 # targets: dflash_rank
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 STAGE=${1:-all}
 case "$STAGE" in
-  stage1|stage2|stage3|all) ;;
+  stage1|stage2|stage3|speed|all) ;;
   *)  # run_all.sh style: quality.sh BUILD OUT
     export DFLASH_BUILD=${DFLASH_BUILD:-$1} OUT=${2:-${OUT:-}}
     if [ -z "${DFLASH_GGUF:-}${DFLASH_QUALITY_MODEL:-}" ]; then
@@ -81,7 +83,7 @@ setup_env() {
     done
   fi
   [ -d "$S/pylib" ] && export PYTHONPATH=$S/pylib${PYTHONPATH:+:$PYTHONPATH}
-  if [ -z "${Q_TOY:-}" ] && { [ ! -x "$RANK" ] || [ "$STAGE" = stage1 ] || [ "$STAGE" = all ]; }; then
+  if [ -z "${Q_TOY:-}" ] && { [ ! -x "$RANK" ] || [ "$STAGE" = stage1 ] || [ "$STAGE" = speed ] || [ "$STAGE" = all ]; }; then
     if [ ! -f "$BUILD/build.ninja" ]; then
       cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDFLASH_PYTHON="$(command -v "$PY")" \
         -DDFLASH_CUDA_ARCHS=90a > "$OUT/configure.log" 2>&1 || { tail -20 "$OUT/configure.log"; exit 1; }
@@ -124,12 +126,21 @@ prompts() {
 regen_args=(--model "$MODEL" --batch-size "$Q_REGEN_BATCH" --max-new-tokens "$Q_MAX_NEW" --device "$Q_DEVICE" --progress-s 20)
 speed() {  # dflash_rank regenerate and transformers generate: same prompts, same batch, same run
   [ -f "$OUT/regen_speed.json" ] && return 0
-  step "regeneration speed: dflash on $Q_SPEED_PROMPTS prompts" 120
-  [ "$T" -gt 0 ] || return 1
-  rm -rf "$S/speed.jsonl" "$S/speed.jsonl.work"
-  timeout "$T" "$PY" tools/regenerate.py "${regen_args[@]}" --prompts "$S/prompts/train.jsonl" \
-    --limit "$Q_SPEED_PROMPTS" --out "$S/speed.jsonl" 2>&1 | tee -a "$LOG" | grep -v "done, " | tail -3
-  cp "$S"/speed.jsonl.work/stats-*.json "$OUT/regen_dflash_subset.json" 2>/dev/null
+  # dflash: the static engine with CUDA graphs (the default), the same without graphs (the eager
+  # oracle: outputs must be identical), the cache engine (the engine before the static one)
+  local v
+  for v in graphs eager cache; do
+    local extra=()
+    [ "$v" = eager ] && extra=(--cuda-graphs off)
+    [ "$v" = cache ] && extra=(--engine cache)
+    [ "$v" = cache ] && [ -n "${Q_SKIP_CACHE:-}" ] && continue
+    step "regeneration speed: dflash ($v) on $Q_SPEED_PROMPTS prompts" 150
+    [ "$T" -gt 0 ] || return 1
+    rm -rf "$S/speed_$v.jsonl" "$S/speed_$v.jsonl.work"
+    timeout "$T" "$PY" tools/regenerate.py "${regen_args[@]}" "${extra[@]}" --prompts "$S/prompts/train.jsonl" \
+      --limit "$Q_SPEED_PROMPTS" --out "$S/speed_$v.jsonl" 2>&1 | tee -a "$LOG" | grep -v "done, " | tail -2
+    cp "$S"/speed_$v.jsonl.work/stats-*.json "$OUT/regen_dflash_${v}.json" 2>/dev/null
+  done
   if [ -z "${Q_SKIP_HF:-}" ]; then
     step "regeneration speed: transformers generate on the same prompts" 240
     [ "$T" -gt 0 ] && timeout "$T" "$PY" bench/regen_bench_hf.py --model "$MODEL" --prompts "$S/prompts/train.jsonl" \
@@ -137,16 +148,7 @@ speed() {  # dflash_rank regenerate and transformers generate: same prompts, sam
       --dtype "$([ "$hf_dev" = cpu ] && echo float32 || echo bfloat16)" --json "$OUT/regen_hf_subset.json" 2>&1 |
       grep -v -i warn | tee -a "$LOG" | tail -2
   fi
-  "$PY" - "$OUT" <<'EOF' | tee -a "$LOG"
-import json, os, sys
-o = sys.argv[1]
-d = json.load(open(os.path.join(o, "regen_dflash_subset.json")))
-h = json.load(open(os.path.join(o, "regen_hf_subset.json"))) if os.path.exists(os.path.join(o, "regen_hf_subset.json")) else None
-r = {"dflash": d, "transformers": h, "ratio": (d["tokens_per_s"] / h["tokens_per_s"]) if h else None}
-json.dump(r, open(os.path.join(o, "regen_speed.json"), "w"), indent=1)
-print(f"regeneration tokens/s: dflash {d['tokens_per_s']:.0f}, transformers {h['tokens_per_s'] if h else float('nan'):.0f}"
-      f" -> {r['ratio'] or float('nan'):.2f}x (batch {d['batch_size']}, {d['items']} prompts)")
-EOF
+  "$PY" bench/regen_speed.py "$OUT" "$S" | tee -a "$LOG"
 }
 
 regen_main() {
@@ -239,6 +241,7 @@ rc=0
 run_stage() {
   case "$1" in
     stage1) convert && prompts && speed && regen_main ;;
+    speed) convert && prompts && speed ;;
     stage2) regen_main && prepare && train_eval main ;;
     stage3) prepare && train_eval main && train_eval ablation $Q_ABLATION; plot_and_summary ;;
   esac

@@ -15,7 +15,9 @@
   tokens checked keeps the false-alarm rate below 1e-4), tokens outside the top-p nucleus never
   appear, and the samples are a pure function of (seed, prompt, sample): another batch size
   gives the same file.
-- Stop ids end a response after the stop token (included in the raw result, dropped in chat).
+- Stop ids end a response after the stop token (included in the raw result, dropped in chat),
+  with the static engine (host reads every step, and every 5 steps with rows of different
+  lengths refilled one at a time) and the cache engine alike.
 - Bad input: malformed prompt lines (file:line), a target without a chat template, other
   settings on a restart, bad generator arguments: one line, exit code 2.
 """
@@ -191,7 +193,11 @@ def test_sampling_independent_of_batching(tiny, tmp_path):
     assert got[0]["messages"][-1] != got[1]["messages"][-1]  # two samples of one prompt differ
 
 
-def test_stop_ids(tiny, greedy, tmp_path):
+# The static engine (default) with host reads every 5 steps (rows that stopped run dead steps),
+# attention windows in buckets of 4 and refills of single rows; the cache engine.
+@pytest.mark.parametrize("engine", [[], ["--check-every", "5", "--window-bucket", "4", "--refill-rows", "1"],
+                                    ["--engine", "cache"]], ids=["static", "static-k5", "cache"])
+def test_stop_ids(tiny, greedy, tmp_path, engine):
     root, model, prompts = tiny
     full = {r["key"]: r["tokens"] for r in lines(Path(str(greedy) + ".work") / "results.jsonl")}
     stop = full["0:0"][5]
@@ -201,8 +207,13 @@ def test_stop_ids(tiny, greedy, tmp_path):
     res = tmp_path / "res.jsonl"
     r = subprocess.run([str(RANK), "regenerate", "--model", str(model), "--in", str(items), "--out", str(res),
                         "--max-new-tokens", str(NEW), "--stop-ids", str(stop), "--batch-size", "3",
-                        "--threads", "1"], capture_output=True, text=True, env=ENV, timeout=600)
+                        "--threads", "1", "--stats", str(tmp_path / "st.json"), *engine],
+                       capture_output=True, text=True, env=ENV, timeout=600)
     assert r.returncode == 0, r.stderr
+    st = json.loads((tmp_path / "st.json").read_text())
+    assert st["engine"] == ("cache" if "cache" in engine else "static") and st["graphs"] == 0  # CPU: eager
+    if "5" in engine:
+        assert st["host_reads"] < st["steps"]
     got = {x["key"]: x for x in lines(res)}
     for k, toks in full.items():
         want = toks[:toks.index(stop) + 1] if stop in toks else toks
@@ -263,7 +274,10 @@ def test_generator_bad_arguments(tiny, tmp_path):
              (["--in", str(items), "--batch-size", "x"], ["--batch-size", "'x'"]),
              (["--in", str(items), "--bogus", "1"], ["--bogus"]),
              (["--in", str(tmp_path / "none.jsonl")], ["none.jsonl"]),
-             (["--in", str(items), "--temperature", "-1"], ["temperature"])]
+             (["--in", str(items), "--temperature", "-1"], ["temperature"]),
+             (["--in", str(items), "--engine", "fast"], ["--engine", "'fast'"]),
+             (["--in", str(items), "--cuda-graphs", "yes"], ["--cuda-graphs", "'yes'"]),
+             (["--in", str(items), "--check-every", "0"], ["check every"])]
     for args, needles in cases:
         r = subprocess.run(base + args, capture_output=True, text=True, env=ENV, timeout=120)
         one_line(r, *needles, prefix="dflash_rank: error: regenerate")

@@ -456,6 +456,18 @@ TargetModel::Output TargetModel::forward_with(const at::Tensor& ids_in, const at
   return out;
 }
 
+at::Tensor TargetModel::decode_logits(const at::Tensor& ids, const at::Tensor& positions,
+                                      const Attention& attend) const {
+  if (hybrid_) throw std::logic_error("decode_logits: dense families only");
+  if (!lm_head_.defined()) throw_user("target forward: the model was loaded without lm_head");
+  Pass pass;
+  pass.ids = ids;
+  std::tie(pass.cos, pass.sin) = ops::rope_cos_sin(positions, inv_freq_);
+  pass.attend = &attend;
+  pass.run_layers = num_layers_loaded();
+  return final_logits(run_layers(pass));
+}
+
 std::vector<std::vector<int64_t>> TargetModel::generate(
     const std::vector<std::vector<int64_t>>& prompts, int64_t max_new_tokens,
     bool stop_at_eos) const {

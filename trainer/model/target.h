@@ -85,6 +85,11 @@ class TargetModel {
   Output forward_with(const at::Tensor& ids, const at::Tensor& positions,
                       const std::vector<int64_t>& layer_ids, const Attention& attend,
                       const at::Tensor& logit_rows = {}, const LinearMixer* linear = nullptr) const;
+  // One decode step of trusted tokens (the model's own samples): ids [T] int64 and positions
+  // [T] int64 already on the model's device, `attend` as every layer's attention -> logits
+  // [T, vocab] float32. No host reads (no id check, no sync), so the step can be captured in a
+  // CUDA graph (trainer/eval/regenerate_static.cpp). Dense families only.
+  at::Tensor decode_logits(const at::Tensor& ids, const at::Tensor& positions, const Attention& attend) const;
   // The qwen3_moe / qwen3_5 implementation, or nullptr for the dense families.
   const HybridTarget* hybrid() const { return hybrid_.get(); }
 

@@ -1,0 +1,98 @@
+// trainer/model/target_cache_static.h: the static KV cache of launch-lean decoding.
+#include "trainer/model/target_cache_static.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
+
+#include "core/error.h"
+#include "trainer/model/target_ops.h"
+
+namespace dflash::model {
+
+StaticKVCache::StaticKVCache(const TargetModel& model, int64_t rows, int64_t capacity)
+    : model_(model), rows_(rows), capacity_(capacity) {
+  c10::InferenceMode guard;
+  if (rows < 1 || capacity < 1)
+    throw_user("static cache: needs >= 1 row and capacity >= 1, got {} rows of {}", rows, capacity);
+  if (model.hybrid())
+    throw_user("static cache: {} targets have recurrent or expert layers; use the general TargetCache",
+               model.config().model_type);
+  if (!model.has_lm_head()) throw_user("static cache: the model was loaded without lm_head");
+  const HfConfig& c = model.config();
+  auto opt = at::TensorOptions().dtype(model.dtype()).device(model.device());
+  for (int64_t l = 0; l < model.num_layers_loaded(); ++l) {
+    // Zeros: a slot nobody wrote holds a finite value (see the header).
+    k_.push_back(at::zeros({rows, capacity, c.num_key_value_heads, c.head_dim}, opt));
+    v_.push_back(at::zeros({rows, capacity, c.num_key_value_heads, c.head_dim}, opt));
+  }
+  auto lopt = at::TensorOptions().dtype(at::kLong).device(model.device());
+  len_ = at::zeros({rows}, lopt);
+  row_ids_ = at::arange(rows, lopt);
+}
+
+at::Tensor StaticKVCache::prefill(const std::vector<int64_t>& which,
+                                  const std::vector<std::vector<int64_t>>& prompts) {
+  c10::InferenceMode guard;
+  DFLASH_CHECK(which.size() == prompts.size() && !which.empty(), "static cache: {} rows for {} prompts",
+               which.size(), prompts.size());
+  const HfConfig& c = model_.config();
+  const at::Device dev = model_.device();
+  const double scale = 1.0 / std::sqrt(double(c.head_dim));
+  std::vector<int64_t> flat, slot, row_of, cu = {0}, last, lens;
+  int64_t n_max = 0;
+  for (size_t j = 0; j < which.size(); ++j) {
+    const int64_t b = which[j], n = int64_t(prompts[j].size());
+    if (b < 0 || b >= rows_) throw_user("static cache: row {} outside [0, {})", b, rows_);
+    if (n < 1 || n > capacity_)
+      throw_user("static cache: a prompt of {} tokens for row {} (capacity {})", n, b, capacity_);
+    for (int64_t i = 0; i < n; ++i) {
+      flat.push_back(prompts[j][i]);
+      slot.push_back(i);
+      row_of.push_back(b);
+    }
+    cu.push_back(int64_t(flat.size()));
+    last.push_back(int64_t(flat.size()) - 1);
+    lens.push_back(n);
+    n_max = std::max(n_max, n);
+  }
+  auto on_dev = [&](const std::vector<int64_t>& v) { return at::tensor(v, at::kLong).to(dev); };
+  at::Tensor rows_t = on_dev(row_of), slot_t = on_dev(slot);
+  at::Tensor cu_dev = at::tensor(cu, at::kLong).to(at::kInt).to(dev);
+  TargetModel::Attention attend = [&](int64_t l, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+    k_[l].index_put_({rows_t, slot_t}, k);
+    v_[l].index_put_({rows_t, slot_t}, v);
+    return ops::varlen_causal_attention(q, k, v, cu, cu_dev, n_max, scale);
+  };
+  TargetModel::Output out = model_.forward_with(at::tensor(flat, at::kLong), at::tensor(slot, at::kLong), {},
+                                                attend, at::tensor(last, at::kLong));
+  len_.index_put_({on_dev(which)}, on_dev(lens));
+  return out.logits;
+}
+
+at::Tensor StaticKVCache::step(const at::Tensor& ids, int64_t window) {
+  c10::InferenceMode guard;
+  DFLASH_CHECK(window >= 1 && window <= capacity_, "static cache: window {} outside [1, {}]", window, capacity_);
+  const HfConfig& c = model_.config();
+  const int64_t B = rows_, nq = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim;
+  const int64_t g = nq / nkv;
+  const double scale = 1.0 / std::sqrt(double(hd));
+  // Slot of row b's new token in the flattened [rows * capacity] view; key j of row b is visible
+  // iff j <= length(b) (its prefix and the new token itself).
+  at::Tensor flat_slot = row_ids_ * capacity_ + len_;
+  at::Tensor mask = (at::arange(window, len_.options()).view({1, window}) <= len_.view({B, 1})).view({B, 1, 1, window});
+  TargetModel::Attention attend = [&](int64_t l, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+    k_[l].view({B * capacity_, nkv * hd}).index_copy_(0, flat_slot, k.reshape({B, nkv * hd}));
+    v_[l].view({B * capacity_, nkv * hd}).index_copy_(0, flat_slot, v.reshape({B, nkv * hd}));
+    at::Tensor ck = k_[l].narrow(1, 0, window).transpose(1, 2), cv = v_[l].narrow(1, 0, window).transpose(1, 2);
+    // GQA folded into the query axis: kv head j serves q heads j*g .. j*g+g-1.
+    at::Tensor qf = q.reshape({B, nkv, g, hd});
+    at::Tensor o = at::scaled_dot_product_attention(qf, ck, cv, mask, 0.0, /*is_causal=*/false, scale);
+    return o.reshape({B, nq, hd});
+  };
+  return model_.decode_logits(ids, len_, attend);
+}
+
+}  // namespace dflash::model
