@@ -9,9 +9,7 @@ the same step N, the job exits with 4, checkpoints/step-N is a complete state, a
 command launched again (auto-resume) finishes with per-step losses (metrics.jsonl) and final
 export bytes (model.safetensors) equal to an uninterrupted run's. Equality is exact: same layout,
 one thread per rank, so the computation is deterministic (the e2e resume test relies on it too).
-A second signal ends a rank at once (exit 3) without a state. The torchrun-style launcher
-(launch/local.sh) forwards SIGTERM and SIGUSR1 to its ranks: either signal to it preempts the
-same way (exit 4, then auto-resume equal to an uninterrupted local.sh run).
+A second signal ends a rank at once (exit 3) without a state.
 
 SIGTERM to mpirun cannot be a preemption: OpenMPI 4.1 cannot forward it (ess_base_forward_signals
 refuses SIGTERM); it sends SIGTERM to every rank and SIGKILL odls_base_sigkill_timeout (1) s
@@ -159,51 +157,3 @@ def test_sigterm_to_mpirun_loses_no_consistency(assets, straight, tmp_path):
     assert oc.step_losses(run_dir) == oc.step_losses(straight)
     assert oc.export_bytes(run_dir) == oc.export_bytes(straight)
 
-
-# ---- the torchrun-style local launcher (launch/local.sh, no MPI) forwards SIGTERM and SIGUSR1 ----
-# On CPU it runs one colocated process (-n 1: both roles in one rank; several ranks without MPI
-# need NCCL, i.e. GPUs): the signal to the launcher reaches that rank.
-LOCAL = os.path.join(oc.SRC, "launch", "local.sh")
-LOCAL_NP = 1
-
-
-def local_cmd(assets, run_dir):
-    return ["bash", LOCAL, "-n", str(LOCAL_NP), oc.DEMO, *args(assets, run_dir)]
-
-
-@pytest.fixture(scope="module")
-def straight_local(assets):
-    """The uninterrupted run through launch/local.sh (its own reference: the store-based start-up)."""
-    run_dir = os.path.join(assets[0], "straight-local")
-    p = subprocess.run(local_cmd(assets, run_dir), capture_output=True, text=True, timeout=300,
-                       env=oc.env(DFLASH_BIN=oc.RANK_BIN), cwd=oc.SRC, stdin=subprocess.DEVNULL)
-    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
-    return run_dir
-
-
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1], ids=lambda s: s.name)
-def test_signal_to_the_local_launcher_saves_a_state_and_resume_is_identical(assets, straight_local, tmp_path, sig):
-    run_dir = str(tmp_path / "run")
-    env = oc.env(DFLASH_BIN=oc.RANK_BIN)
-    proc = subprocess.Popen(local_cmd(assets, run_dir), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=env, cwd=oc.SRC, start_new_session=True)
-    deadline = time.time() + 240
-    while time.time() < deadline and proc.poll() is None and steps_done(run_dir) < 3:
-        time.sleep(0.01)
-    assert proc.poll() is None, "the run ended before the signal:\n" + proc.stdout.read()[-3000:]
-    at = steps_done(run_dir)
-    proc.send_signal(sig)
-    out, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 4, (proc.returncode, out[-4000:])
-    assert f"forwarding {sig.name} to {LOCAL_NP} rank(s)" in out, out[-4000:]
-    stops = set(re.findall(r"preempted: stopped after step (\d+)", out))
-    assert len(stops) == 1, out[-4000:]
-    n = int(stops.pop())
-    assert at <= n < STEPS, (at, n)
-    assert json.load(open(os.path.join(run_dir, "checkpoints", f"step-{n:08d}", "meta.json")))["step"] == n
-    p = subprocess.run(local_cmd(assets, run_dir), capture_output=True, text=True, timeout=300, env=env, cwd=oc.SRC,
-                       stdin=subprocess.DEVNULL)
-    all_ = p.stdout + p.stderr
-    assert p.returncode == 0 and "auto-resume:" in all_, all_[-3000:]
-    assert oc.step_losses(run_dir) == oc.step_losses(straight_local)
-    assert oc.export_bytes(run_dir) == oc.export_bytes(straight_local)
