@@ -1,6 +1,6 @@
 # Writes OUT (a C++ string literal line) with the code version: `git describe --always --dirty`
 # of SRC, else $DFLASH_COMMIT (device copies have no .git), else "unknown". Run at every build
-# (core/CMakeLists.txt: target dflash_version); the file changes only when the version does, so
+# (core/CMakeLists.txt: target dflash_version_check); the file changes only when the version does, so
 # an unchanged tree recompiles nothing.
 execute_process(COMMAND git describe --always --dirty WORKING_DIRECTORY "${SRC}"
                 OUTPUT_VARIABLE _v OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET RESULT_VARIABLE _rc)

@@ -2,6 +2,7 @@
 
 #include <mpi.h>
 #include <signal.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,6 +20,7 @@
 #include "core/error.h"
 #include "core/fault.h"
 #include "comm/identity.h"
+#include "comm/preempt.h"
 #include "comm/progress.h"
 #include "core/log.h"
 
@@ -82,6 +84,64 @@ void on_signal(int sig) {
     write_str(" while not blocked in a communication\n");
   }
   _exit(kExitComm);
+}
+
+// ---- preemption (comm/preempt.h): a separate handler, installed by arm_preemption() ----
+std::atomic<int> g_preempt_signal{0};        // the first SIGTERM/SIGUSR1 after arming (0: none)
+std::atomic<int64_t> g_preempt_since_ns{0};  // when it arrived
+std::atomic<int64_t> g_preempt_deadline_ns{0};
+std::atomic<int64_t> g_preempted_at{-1};
+// Under Open MPI's mpirun (set by arm_preemption): a SIGTERM is usually mpirun's own stop (Ctrl-C,
+// kill of mpirun), and mpirun sends SIGKILL odls_base_sigkill_timeout (1) s later.
+bool g_under_mpirun = false;
+
+int64_t now_ns_signal_safe() {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);  // async-signal-safe; steady_clock is CLOCK_MONOTONIC
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+void on_preempt_signal(int sig) {
+  const char* name = sig == SIGTERM ? "SIGTERM" : sig == SIGUSR1 ? "SIGUSR1" : sig == SIGINT ? "SIGINT" : "SIGHUP";
+  int expected = 0;
+  if ((sig != SIGTERM && sig != SIGUSR1) || !g_preempt_signal.compare_exchange_strong(expected, sig)) {
+    if (g_ending.load()) _exit(kExitComm);
+    write_str(g_prefix);
+    write_str(" error: ");
+    write_str(name);
+    write_str(sig == SIGTERM || sig == SIGUSR1 ? " again: exiting now, without a state\n" : ": exiting now, without a state\n");
+    _exit(kExitComm);
+  }
+  g_preempt_since_ns.store(now_ns_signal_safe());
+  write_str(g_prefix);
+  write_str(" warn: received ");
+  write_str(name);
+  write_str(": the run saves a state at the next step boundary the ranks agree on, then exits with code 4 (a "
+            "second signal exits now)");
+  if (sig == SIGTERM && g_under_mpirun)
+    write_str("; if this SIGTERM came from mpirun (Ctrl-C, kill of mpirun), mpirun kills the ranks within a "
+              "second and the next launch resumes from the last regular state: to stop with a state, send "
+              "SIGUSR1 to mpirun");
+  for (Slot& s : g_slots) {
+    if (!s.used.load(std::memory_order_acquire)) continue;
+    write_str("; blocked in ");
+    write_str(s.text);
+    break;
+  }
+  write_str("\n");
+}
+
+void preempt_deadline_loop() {
+  for (;;) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    const int sig = g_preempt_signal.load();
+    if (sig == 0 || g_preempted_at.load() >= 0) continue;
+    const int64_t waited = now_ns_signal_safe() - g_preempt_since_ns.load();
+    if (waited > g_preempt_deadline_ns.load())
+      fail_fast(kExitComm, fmt::format("preemption: no state was written within {:.0f} s (comm.timeout_s) of {}; "
+                                       "exiting without one",
+                                       g_preempt_deadline_ns.load() * 1e-9, sig == SIGTERM ? "SIGTERM" : "SIGUSR1"));
+  }
 }
 
 void watchdog_loop(double grace_s) {
@@ -236,5 +296,29 @@ void install_watchdog(double grace_s) {
 }
 
 void maybe_inject_failure(int rank, int64_t batch) { fault::point(rank, std::to_string(batch)); }
+
+void arm_preemption(double deadline_s) {
+  refresh_prefix();
+  g_preempt_deadline_ns.store(static_cast<int64_t>(deadline_s * 1e9));
+  g_under_mpirun = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr;
+  struct sigaction sa;
+  std::memset(&sa, 0, sizeof(sa));
+  sa.sa_handler = on_preempt_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  for (int sig : {SIGTERM, SIGUSR1, SIGINT, SIGHUP}) sigaction(sig, &sa, nullptr);
+  static std::once_flag once;
+  std::call_once(once, [] { std::thread(preempt_deadline_loop).detach(); });
+}
+
+bool preemption_requested() { return g_preempt_signal.load() != 0; }
+
+void request_preemption() {
+  int expected = 0;
+  if (g_preempt_signal.compare_exchange_strong(expected, SIGUSR1)) g_preempt_since_ns.store(now_ns_signal_safe());
+}
+
+void mark_preempted(int64_t step) { g_preempted_at.store(step); }
+int64_t preempted_at() { return g_preempted_at.load(); }
 
 }  // namespace dflash::comm

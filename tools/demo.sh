@@ -34,7 +34,7 @@ if [ ! -f $RUN/prompts.jsonl ]; then
 fi
 resume=0
 for a in "$@"; do [ "$a" = --resume ] && resume=1; done
-if [ $resume = 0 ]; then rm -rf $RUN/checkpoints $RUN/exports $RUN/metrics.jsonl $RUN/eval $RUN/eval.jsonl; fi
+if [ $resume = 0 ]; then rm -rf $RUN/checkpoints $RUN/exports $RUN/metrics.jsonl $RUN/eval $RUN/eval.jsonl $RUN/run.json; fi
 
 source tools/mpi_env.sh
 say "training: mpirun -np 4 $BUILD/trainer/dflash_rank --config configs/demo.yaml eval.every=25 $*"

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/files.h"
+#include "trainer/config/validate.h"
 
 namespace dflash {
 namespace {
@@ -246,35 +247,6 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   return prev[b.size()];
 }
 
-void validate(const Config& c) {
-  auto positive = [&](const char* key, int64_t v) {
-    if (v <= 0) throw_user("{}: key '{}' must be positive, got {}", key_origin(c, key), key, v);
-  };
-  positive("layout.target_ranks", c.layout.target_ranks);
-  positive("layout.drafter_ranks", c.layout.drafter_ranks);
-  positive("drafter.num_layers", c.drafter.num_layers);
-  positive("drafter.num_anchors", c.drafter.num_anchors);
-  positive("drafter.loss_chunk", c.drafter.loss_chunk);
-  positive("data.batch_tokens", c.data.batch_tokens);
-  positive("data.max_seq_len", c.data.max_seq_len);
-  positive("train.grad_accum", c.train.grad_accum);
-  positive("log.interval", c.log.interval);
-  if (c.drafter.block_size < 2)
-    throw_user("{}: key 'drafter.block_size' must be at least 2, got {}", key_origin(c, "drafter.block_size"),
-               c.drafter.block_size);
-  if (c.comm.backend != "auto" && c.comm.backend != "nccl" && c.comm.backend != "mpi")
-    throw_user("{}: key 'comm.backend' must be auto, nccl or mpi, got '{}'", key_origin(c, "comm.backend"),
-               c.comm.backend);
-  // the value only; whether the kernel can run on this device is decided in the plan (roles/attention_choice.h)
-  if (c.drafter.attention != "auto" && c.drafter.attention != "sdpa" && c.drafter.attention != "kernel")
-    throw_user("{}: key 'drafter.attention' must be auto, kernel or sdpa, got '{}'", key_origin(c, "drafter.attention"),
-               c.drafter.attention);
-  for (const char* key : {"comm.timeout_s", "comm.startup_timeout_s"}) {
-    const double v = std::string(key) == "comm.timeout_s" ? c.comm.timeout_s : c.comm.startup_timeout_s;
-    if (v <= 0) throw_user("{}: key '{}' must be positive, got {}", key_origin(c, key), key, v);
-  }
-}
-
 }  // namespace
 
 Config parse_config(const std::string& yaml_text, const std::string& origin_name,
@@ -292,6 +264,7 @@ Config parse_config(const std::string& yaml_text, const std::string& origin_name
   }
   if (root && !root.IsNull()) {
     if (!root.IsMap()) throw_user("{}: expected a mapping at the top level, got {}", origin, describe(root));
+    check_duplicate_keys(root, origin);
     check_keys(origin, "", root, cfg);
     Loader l{origin, "", root};
     cfg.visit(l);
@@ -318,7 +291,7 @@ Config parse_config(const std::string& yaml_text, const std::string& origin_name
     }
     cfg.overridden[key] = ov;
   }
-  validate(cfg);
+  validate_config(cfg);
   return cfg;
 }
 

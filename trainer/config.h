@@ -23,11 +23,15 @@ struct RunConfig {
   std::string dir = "runs/dflash";  // run directory: metrics.jsonl, checkpoints, logs
   int64_t seed = 42;
   int64_t cpu_threads = 0;  // 0: the node's cores shared among its ranks
+  bool overwrite = false;       // start over in a run.dir that holds another run
+  bool accept_changes = false;  // --resume although the config's identity keys changed
   template <class V> void visit(V& v) {
     v("name", name, "run name, used in logs");
-    v("dir", dir, "run directory: metrics.jsonl, checkpoints/, exports/, logs/");
+    v("dir", dir, "run directory: run.json, metrics.jsonl, checkpoints/, exports/, logs/");
     v("seed", seed, "seed of data order, anchors and initialisation");
     v("cpu_threads", cpu_threads, "CPU threads per rank without GPU (0: cores / ranks on the node)");
+    v("overwrite", overwrite, "start a new run in a run.dir that holds another run (deletes its state)");
+    v("accept_changes", accept_changes, "let --resume continue with changed settings (schedule recomputed)");
   }
 };
 
@@ -229,8 +233,8 @@ std::string config_sections_help();
 // every data.shards entry a file or directory. UserError naming the key and its origin.
 void check_paths(const Config& cfg);
 
-// Loads `path` (strict), then applies `overrides` ("a.b=value", value parsed as YAML), then
-// validates cross-field rules that need no files (layout sizes, positive counts).
+// Loads `path` (strict, duplicate keys refused), then applies `overrides` ("a.b=value", value
+// parsed as YAML), then checks every value's range (trainer/config/validate.h).
 // Errors: UserError naming the file, key, value and what was expected.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides);
 // Same from YAML text (tests, embedded defaults); `origin` names it in messages.

@@ -180,11 +180,15 @@ class Slurm:
         return {"state": field("JobState"), "restarts": int(field("Restarts") or 0), "exit": field("ExitCode")}
 
     def release_requeued(self, jobid, timeout=120):
-        """A requeued job waits 120 s (Slurm sets its BeginTime); start it now (test speed only)."""
+        """A requeued job waits 120 s (Slurm sets its BeginTime); start it now (test speed only),
+        once no slurmstepd of the job's previous incarnation is left: a job that requeued itself
+        (launch/*.sbatch on exit 4) is PENDING, and its node idle, while the old step's slurmstepd
+        still ends (PMIx clean-up, ~3 s); a step started beside it fails to launch ("aborted before
+        step completely launched"). Slurm's own 120 s wait covers that in real use."""
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout:
             j = self.job(jobid)
-            if j["restarts"] >= 1 and j["state"] == "PENDING":
+            if j["restarts"] >= 1 and j["state"] == "PENDING" and not leftovers(f"slurmstepd: [{jobid}."):
                 run(["scontrol", "update", f"jobid={jobid}", "StartTime=now"], env=self.environ(), timeout=30)
                 return True
             if j["state"] in ("COMPLETED", "FAILED", "CANCELLED"):

@@ -9,9 +9,8 @@ ranks.
   per-step losses as the one-node run (rtol 0: same layout, same order of every sum);
 - preemption: `scontrol requeue` (SIGTERM to the ranks) and `scancel --signal=USR1` (what
   `#SBATCH --signal=USR1@120` sends) once the first state exists: the job writes a state, is
-  requeued, resumes by itself and completes with the export of the uninterrupted run. These
-  two need the preemption + auto-resume of issue 14 Scope 3/4; until that is in the build they
-  are expected to fail (xfail, not strict).
+  requeued, resumes by itself (auto-resume) and completes with the per-step losses and the
+  export of the uninterrupted run.
 Skipped with the reason when SLURM is not installed or slurmctld cannot start.
 """
 import re
@@ -20,15 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from common import (BIN, SOURCE, Slurm, assets, demo_overrides, export_digest, reference,  # noqa: F401
-                    run, slurm_available, step_losses)
+from common import (BIN, SOURCE, STEPS, Slurm, assets, demo_overrides, export_digest,  # noqa: F401
+                    make_reference, reference, run, slurm_available, step_losses)
 
 pytestmark = pytest.mark.skipif(not slurm_available(), reason="slurm is not installed (tools/setup.sh installs it)")
 
 # what the demo needs of the 8-GPU job scripts: 4 CPU tasks, no GPUs, a short limit
 CPU_JOB = ["--gpus-per-node=0", "--cpus-per-task=1", "--time=15"]
-NEEDS_PREEMPTION = pytest.mark.xfail(
-    strict=False, reason="needs preemption (SIGTERM/SIGUSR1 -> state, exit 4) and auto-resume (issue 14 Scope 3/4)")
 
 
 @pytest.fixture(scope="module")
@@ -47,9 +44,9 @@ def slurm2():
     s.stop()
 
 
-def submit(slurm, script, run_dir, out, assets, extra_sbatch=(), **env):
+def submit(slurm, script, run_dir, out, assets, extra_sbatch=(), steps=STEPS, **env):
     args = [*CPU_JOB, *extra_sbatch, f"--output={out}", str(SOURCE / "launch" / script), "configs/demo.yaml",
-            *demo_overrides(assets, str(run_dir))]
+            *demo_overrides(assets, str(run_dir), steps=steps)]
     return slurm.sbatch(args, DFLASH_BIN=BIN, **env)
 
 
@@ -81,6 +78,17 @@ def test_sbatch_two_nodes_gives_the_one_node_losses(slurm2, assets, reference, t
     assert export_digest(tmp_path / "run") == reference[1]
 
 
+# The preempted runs are longer: a signal stops the run after the steps whose batches may be in
+# flight (data.prefetch + 2, docs/training.md "Preemption"), so that a signal after the first
+# state (step 4) must stop a 16-step run before its end, with a state of its own.
+PREEMPT_STEPS = 16
+
+
+@pytest.fixture(scope="module")
+def reference16(assets, tmp_path_factory):
+    return make_reference(assets, tmp_path_factory, steps=PREEMPT_STEPS)
+
+
 def wait_for_state(run_dir, jobid, slurm, timeout=240):
     """Until the run has its first complete state (checkpoint.state_every=4)."""
     t0 = time.monotonic()
@@ -94,12 +102,11 @@ def wait_for_state(run_dir, jobid, slurm, timeout=240):
     return False
 
 
-@NEEDS_PREEMPTION
 @pytest.mark.parametrize("how", ["scontrol_requeue", "usr1"])
-def test_sbatch_preempted_requeues_and_resumes(slurm1, assets, reference, tmp_path, how):
+def test_sbatch_preempted_requeues_and_resumes(slurm1, assets, reference16, tmp_path, how):
     out = tmp_path / "job.out"
     run_dir = tmp_path / "run"
-    jobid = submit(slurm1, "slurm_1node.sbatch", run_dir, out, assets, ["--ntasks-per-node=4"])
+    jobid = submit(slurm1, "slurm_1node.sbatch", run_dir, out, assets, ["--ntasks-per-node=4"], steps=PREEMPT_STEPS)
     assert wait_for_state(run_dir, jobid, slurm1), (Path(out).read_text() if Path(out).exists() else "")
     if how == "scontrol_requeue":
         p = run(["scontrol", "requeue", jobid], env=slurm1.environ(), timeout=30)
@@ -110,6 +117,10 @@ def test_sbatch_preempted_requeues_and_resumes(slurm1, assets, reference, tmp_pa
     j, text = finished(slurm1, jobid, out, timeout=400)
     assert j["state"] == "COMPLETED" and j["restarts"] >= 1, f"{j}\n{text[-4000:]}"
     assert re.search(r"restart 1\)", text), text[-3000:]
-    assert re.search(r"resum", text), f"the requeued job did not resume\n{text[-3000:]}"
-    assert step_losses(run_dir) == reference[0]
-    assert export_digest(run_dir) == reference[1]
+    sig = "SIGTERM" if how == "scontrol_requeue" else "SIGUSR1"
+    assert f"received {sig}: the run saves a state" in text, text[-3000:]
+    if how == "usr1":  # exit 4 -> the script requeues the job itself (scontrol requeue does that for SIGTERM)
+        assert "preempted, state written; requeueing" in text, f"the job was not preempted\n{text[-3000:]}"
+    assert re.search(r"auto-resume", text), f"the requeued job did not resume\n{text[-3000:]}"
+    assert step_losses(run_dir) == reference16[0]
+    assert export_digest(run_dir) == reference16[1]

@@ -33,7 +33,8 @@ BatchMessage make_batch(int64_t seed, int64_t k, int64_t T, int64_t F, at::Scala
   b.loss_mask = at::randint(0, 2, {T}, gen, at::TensorOptions().dtype(at::kByte));
   b.cu_seqlens = at::tensor(std::vector<int64_t>{0, 5, 5, T}, at::kLong);
   b.features = at::randn({T, F}, gen, at::TensorOptions().dtype(at::kFloat)).to(dtype);
-  b.stats = TargetStats{static_cast<double>(T), 0.1 + 1e-17 * static_cast<double>(k), 1.0 / 3.0};
+  // stop (roles/preempt.h): set on every third batch, so that both values travel
+  b.stats = TargetStats{static_cast<double>(T), 0.1 + 1e-17 * static_cast<double>(k), 1.0 / 3.0, k % 3 == 2 ? 1.0 : 0.0};
   return b;
 }
 
@@ -54,6 +55,7 @@ void expect_same(const BatchMessage& got, const BatchMessage& want) {
   EXPECT_EQ(got.stats.tokens, want.stats.tokens);
   EXPECT_EQ(got.stats.busy_s, want.stats.busy_s);
   EXPECT_EQ(got.stats.wait_s, want.stats.wait_s);
+  EXPECT_EQ(got.stats.stop, want.stats.stop);
 }
 
 std::string error_of(comm::Message m, int64_t expected) {
@@ -70,6 +72,7 @@ std::string error_of(comm::Message m, int64_t expected) {
 TEST(BatchMessage, RoundTripThroughTheWireHeader) {
   for (auto dtype : {at::kFloat, at::kBFloat16}) {
     const BatchMessage b = make_batch(3, 17, 40, 12, dtype);
+    ASSERT_EQ(b.stats.stop, 1.0);  // batch 17: the stop flag set (make_batch)
     comm::Message m = pack(b, at::kCPU);
     EXPECT_EQ(m.kind, kBatchMessageKind);
     EXPECT_EQ(m.batch, 17);
@@ -84,6 +87,8 @@ TEST(BatchMessage, RoundTripThroughTheWireHeader) {
       EXPECT_EQ(h.specs[i].shape, m.tensors[i].sizes().vec());
     }
     expect_same(unpack(std::move(m), 17, "test"), b);
+    const BatchMessage c = make_batch(3, 18, 40, 12, dtype);  // stop flag clear
+    expect_same(unpack(pack(c, at::kCPU), 18, "test"), c);
   }
 }
 
@@ -107,6 +112,11 @@ TEST(BatchMessage, RefusesAMessageOutOfStepNamingTheSender) {
   m = pack(b, at::kCPU);
   m.tensors[4] = m.tensors[4].narrow(0, 0, 2);  // stats of 2 values
   EXPECT_NE(error_of(m, 4).find("stats Double [2]"), std::string::npos);
+  m = pack(b, at::kCPU);
+  m.tensors[4] = m.tensors[4].narrow(0, 0, 3);  // the layout before the stop flag (a peer of another version)
+  e = error_of(m, 4);
+  EXPECT_NE(e.find("stats Double [3]; expected int64 [T], uint8 [T], int64 [n+1], [T, K*H], float64 [4]"),
+            std::string::npos) << e;
 }
 
 TEST(BatchMessage, MpiRoundTripBetweenTwoRanks) {

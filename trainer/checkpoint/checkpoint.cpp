@@ -48,8 +48,9 @@ std::string meta_json(const StateMeta& m) {
   for (const auto& f : m.files) files.push_back(json::quote(f));
   return fmt::format(
       "{{\n  \"format\": \"{}\",\n  \"version\": {},\n  \"step\": {},\n  \"next_batch\": {},\n  \"total_steps\": {},\n"
-      "  \"signature\": {},\n  \"files\": [{}]\n}}\n",
-      kFormat, kVersion, m.step, m.next_batch, m.total_steps, sig_json(m.sig), fmt::join(files, ", "));
+      "  \"config_hash\": {},\n  \"signature\": {},\n  \"files\": [{}]\n}}\n",
+      kFormat, kVersion, m.step, m.next_batch, m.total_steps, json::quote(m.config_hash), sig_json(m.sig),
+      fmt::join(files, ", "));
 }
 
 StateMeta parse_meta(const std::string& path) {
@@ -66,6 +67,7 @@ StateMeta parse_meta(const std::string& path) {
   m.step = get(v, "step").as_int(path + ": step");
   m.next_batch = get(v, "next_batch").as_int(path + ": next_batch");
   m.total_steps = get(v, "total_steps").as_int(path + ": total_steps");
+  if (const json::Value* h = v.find("config_hash"); h && !h->is_null()) m.config_hash = h->as_string(path + ": config_hash");
   const json::Value& s = get(v, "signature");
   auto i = [&](const char* k) { return get(s, k).as_int(fmt::format("{}: signature.{}", path, k)); };
   m.sig.world_size = i("world_size");
@@ -243,7 +245,9 @@ void load_rank_state(const std::string& dir, int rank, optim::AdamW* opt, int64_
       continue;
     }
     std::vector<int64_t> shape(p.sizes().begin(), p.sizes().end());
-    p.detach().copy_(o.load("param." + n, p.scalar_type(), p.device(), &shape));
+    at::Tensor t = o.load("param." + n, p.scalar_type(), p.device(), &shape);
+    st::check_finite(t, of, "param." + n);
+    p.detach().copy_(t);
   }
   if (!missing.empty()) throw_user("cannot resume from {}: parameters [{}] are missing", of, fmt::join(missing, ", "));
   // Moments and masters are fp32 on their parameter's device; names load_state does not expect
@@ -255,6 +259,7 @@ void load_rank_state(const std::string& dir, int rank, optim::AdamW* opt, int64_
       const std::string key = std::string("optim.") + prefix + n;
       if (!o.has(key)) continue;
       state.emplace_back(key.substr(6), o.load(key, at::kFloat, p.device()));
+      st::check_finite(state.back().second, of, key);
       taken.insert(key);
     }
   }

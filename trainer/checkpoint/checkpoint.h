@@ -45,6 +45,7 @@ struct StateMeta {
   int64_t step = 0;         // optimizer steps completed
   int64_t next_batch = 0;   // global batch cursor: the first batch not yet trained on
   int64_t total_steps = 0;  // of the run that wrote it (informative)
+  std::string config_hash;  // identity hash of the config that wrote it (config/identity.h); "" from older builds
   RunSignature sig;
   std::vector<std::string> files;  // besides meta.json; all must exist for the state to count
 };

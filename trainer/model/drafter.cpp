@@ -111,17 +111,21 @@ TargetInfo target_info(const HfConfig& c) {
 // ---- spec -------------------------------------------------------------------------------------
 
 void DrafterSpec::validate(const std::string& where) const {
-  auto positive = [&](const char* name, int64_t v) {
+  // Sizes in [1, max]: a drafter beyond these is a corrupt or mistyped config.json, refused before
+  // anything is allocated from it.
+  auto positive = [&](const char* name, int64_t v, int64_t max) {
     if (v <= 0) throw_user("{}: {} must be > 0, got {}", where, name, v);
+    if (v > max) throw_user("{}: {} must be at most {}, got {} (corrupt config?)", where, name, max, v);
   };
-  positive("hidden_size", hidden_size);
-  positive("intermediate_size", intermediate_size);
-  positive("num_hidden_layers", num_layers);
-  positive("num_attention_heads", num_heads);
-  positive("num_key_value_heads", num_kv_heads);
-  positive("head_dim", head_dim);
-  positive("vocab_size", vocab_size);
-  positive("num_target_layers", num_target_layers);
+  positive("hidden_size", hidden_size, int64_t{1} << 16);
+  positive("intermediate_size", intermediate_size, int64_t{1} << 20);
+  positive("num_hidden_layers", num_layers, 256);
+  positive("num_attention_heads", num_heads, 1024);
+  positive("num_key_value_heads", num_kv_heads, 1024);
+  positive("head_dim", head_dim, 1024);
+  positive("vocab_size", vocab_size, int64_t{1} << 24);
+  positive("num_target_layers", num_target_layers, 1024);
+  if (block_size > 256) throw_user("{}: block_size must be at most 256, got {}", where, block_size);
   if (num_heads % num_kv_heads != 0)
     throw_user("{}: num_attention_heads {} is not a multiple of num_key_value_heads {}", where, num_heads,
                num_kv_heads);
@@ -138,8 +142,10 @@ void DrafterSpec::validate(const std::string& where) const {
   if (mask_token_id < 0 || mask_token_id >= vocab_size)
     throw_user("{}: dflash_config.mask_token_id {} is outside the vocabulary [0, {})", where, mask_token_id,
                vocab_size);
-  if (!(rms_norm_eps > 0)) throw_user("{}: rms_norm_eps must be > 0", where);
-  if (!(rope_theta > 0)) throw_user("{}: rope_theta must be > 0", where);
+  if (!std::isfinite(rms_norm_eps) || !(rms_norm_eps > 0) || rms_norm_eps >= 1)
+    throw_user("{}: rms_norm_eps must be a finite number in (0, 1), got {}", where, rms_norm_eps);
+  if (!std::isfinite(rope_theta) || !(rope_theta > 0) || rope_theta > 1e12)
+    throw_user("{}: rope_theta must be a finite number in (0, 1e12], got {}", where, rope_theta);
 }
 
 void DrafterSpec::check_fits(const TargetInfo& target, const std::string& where) const {

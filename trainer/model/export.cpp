@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include <ATen/ATen.h>
+#include <fmt/ranges.h>
 
 #include "core/error.h"
 #include "core/files.h"
@@ -218,6 +219,29 @@ void export_drafter(const Drafter& drafter, const std::string& dir_in, const Exp
   }
 }
 
+void check_drafter_tensors(const std::string& dir, const DrafterSpec& spec) {
+  auto f = st::SafeTensors::open(dir);
+  std::string prefix;
+  if (!f.has("fc.weight") && f.has("model.fc.weight")) prefix = "model.";
+  std::vector<std::string> want;
+  for (auto& n : expected_names(spec)) want.push_back(prefix + n);
+  f.expect_names(want);
+  for (auto& [name, shape] : spec.param_shapes()) {
+    const st::TensorInfo& ti = f.info(prefix + name);
+    if (ti.shape != shape)
+      throw_user("drafter {}: tensor '{}' in {} has shape [{}], but {}/config.json implies [{}]", dir, prefix + name,
+                 ti.file, fmt::join(ti.shape, ", "), dir, fmt::join(shape, ", "));
+  }
+}
+
+DrafterSpec read_drafter_dir(const std::string& dir) {
+  const std::string cfg = dir + "/config.json";
+  if (!exists(cfg)) throw_user("drafter {}: {} does not exist", dir, cfg);
+  DrafterSpec spec = read_drafter_config(cfg);
+  check_drafter_tensors(dir, spec);
+  return spec;
+}
+
 void load_drafter_weights(Drafter& drafter, const std::string& dir) {
   auto f = st::SafeTensors::open(dir);
   const auto& spec = drafter.spec();
@@ -227,14 +251,17 @@ void load_drafter_weights(Drafter& drafter, const std::string& dir) {
   std::vector<std::string> want;
   for (auto& n : names) want.push_back(prefix + n);
   f.expect_names(want);
-  for (auto& [name, shape] : spec.param_shapes())
-    drafter.load_param(name, f.load(prefix + name, drafter.dtype(), drafter.device(), &shape));
+  for (auto& [name, shape] : spec.param_shapes()) {
+    at::Tensor t = f.load(prefix + name, drafter.dtype(), drafter.device(), &shape);
+    st::check_finite(t, f.info(prefix + name).file, prefix + name);
+    drafter.load_param(name, t);
+  }
 }
 
 Drafter import_drafter(const std::string& dir, const TargetInfo& target, at::Device device, at::ScalarType dtype) {
   const std::string cfg = dir + "/config.json";
   if (!exists(cfg)) throw_user("drafter import: {} does not exist", cfg);
-  auto spec = read_drafter_config(cfg);
+  auto spec = read_drafter_dir(dir);  // config and tensor shapes checked before allocating
   spec.check_fits(target, cfg);
   Drafter d(spec, device, dtype);
   load_drafter_weights(d, dir);

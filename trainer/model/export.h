@@ -44,6 +44,13 @@ const char* dflash_modeling_py();
 // Parses and validates a drafter config.json (not yet against a target).
 DrafterSpec read_drafter_config(const std::string& config_path);
 
+// Checks that `dir`'s tensors are exactly the ones `spec` has, with its shapes (header only:
+// nothing is allocated), so that a config.json that does not match its weights is refused before
+// a drafter is built from it.
+void check_drafter_tensors(const std::string& dir, const DrafterSpec& spec);
+// read_drafter_config(dir/config.json) + check_drafter_tensors.
+DrafterSpec read_drafter_dir(const std::string& dir);
+
 // Writes `dir` (see above). Tensors are converted to bf16 on the CPU.
 void export_drafter(const Drafter& drafter, const std::string& dir, const ExportRecord& record = {});
 

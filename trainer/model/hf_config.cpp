@@ -14,6 +14,21 @@ namespace dflash::model {
 
 namespace {
 
+// Upper bounds of the sizes in a config.json (the largest public models are far below them).
+constexpr int64_t kMaxSize = int64_t{1} << 24;  // vocab_size, max_position_embeddings
+constexpr int64_t kMaxWidth = int64_t{1} << 16;  // hidden_size
+constexpr int64_t kMaxFfn = int64_t{1} << 20;    // intermediate_size
+constexpr int64_t kMaxLayers = 1024;             // num_hidden_layers
+constexpr int64_t kMaxHeads = 1024;              // heads, head_dim
+constexpr double kMaxTheta = 1e12;               // rope_theta
+
+// A finite number in (0, max]; UserError naming the key otherwise.
+double check_positive_finite(double v, const std::string& what, double max) {
+  if (!std::isfinite(v) || v <= 0 || v > max)
+    throw_user("{} must be a finite number in (0, {:g}], found {}", what, max, v);
+  return v;
+}
+
 constexpr const char* kSupported =
     "model_type \"qwen3\" (Qwen3ForCausalLM), \"llama\" (LlamaForCausalLM), \"qwen3_moe\" "
     "(Qwen3MoeForCausalLM), \"qwen3_5\" / \"qwen3_5_text\" (Qwen3_5ForConditionalGeneration, "
@@ -49,7 +64,9 @@ struct Reader {
     const json::Value* v = root.find(key);
     return (v && !v->is_null()) ? v : nullptr;
   }
-  int64_t pos_int(const std::string& key, std::optional<int64_t> def = std::nullopt) const {
+  // In [1, max]: a size beyond any real model is a corrupt or mistyped config.json, refused
+  // before anything is allocated from it.
+  int64_t pos_int(const std::string& key, std::optional<int64_t> def = std::nullopt, int64_t max = kMaxSize) const {
     const json::Value* v = get(key);
     if (!v) {
       if (def) return *def;
@@ -57,6 +74,7 @@ struct Reader {
     }
     int64_t x = v->as_int(what(key));
     if (x <= 0) throw_user("{} must be positive, found {}", what(key), x);
+    if (x > max) throw_user("{} must be at most {}, found {} (corrupt config?)", what(key), max, x);
     return x;
   }
   double number(const std::string& key, double def) const {
@@ -81,6 +99,7 @@ void read_rope(const json::Value& root, const std::string& where, HfConfig& c, b
   }
   if (const json::Value* t = root.find("rope_theta"); t && !t->is_null())
     c.rope.theta = t->as_double(fmt::format("{}: key 'rope_theta'", where));
+  check_positive_finite(c.rope.theta, fmt::format("{}: key 'rope_theta'", where), kMaxTheta);
   if (!params || params->is_null()) return;
   std::string w = fmt::format("{}: key '{}'", where, src);
   const auto& obj = params->as_object(w);
@@ -91,7 +110,7 @@ void read_rope(const json::Value& root, const std::string& where, HfConfig& c, b
       throw_user("{}: RoPE parameter '{}' (a list) is not supported", w, k);
   }
   if (const json::Value* t = params->find("rope_theta"); t && !t->is_null())
-    c.rope.theta = t->as_double(w + ".rope_theta");
+    c.rope.theta = check_positive_finite(t->as_double(w + ".rope_theta"), w + ".rope_theta", kMaxTheta);
   std::string type = "default";
   if (const json::Value* t = params->find("rope_type"); t && !t->is_null())
     type = t->as_string(w + ".rope_type");
@@ -123,6 +142,8 @@ void read_rope(const json::Value& root, const std::string& where, HfConfig& c, b
   c.rope.original_max_position_embeddings =
       (om && !om->is_null()) ? om->as_int(w + ".original_max_position_embeddings")
                              : c.max_position_embeddings;
+  for (double v : {c.rope.factor, c.rope.low_freq_factor, c.rope.high_freq_factor})
+    if (!std::isfinite(v)) throw_user("{}: llama3 RoPE factors must be finite", w);
   if (c.rope.factor <= 0 || c.rope.low_freq_factor <= 0 ||
       c.rope.high_freq_factor <= c.rope.low_freq_factor || c.rope.original_max_position_embeddings <= 0)
     throw_user("{}: llama3 RoPE needs factor > 0, 0 < low_freq_factor < high_freq_factor and "
@@ -247,22 +268,23 @@ HfConfig parse_hf_config(const std::string& text, const std::string& where) {
   const bool qwen = c.model_type != "llama";
   const bool q35 = c.family == TargetFamily::Qwen35;
   c.qk_norm = qwen;
-  c.hidden_size = r.pos_int("hidden_size");
-  c.num_hidden_layers = r.pos_int("num_hidden_layers");
-  c.num_attention_heads = r.pos_int("num_attention_heads");
-  c.num_key_value_heads = r.pos_int("num_key_value_heads", c.num_attention_heads);
+  c.hidden_size = r.pos_int("hidden_size", std::nullopt, kMaxWidth);
+  c.num_hidden_layers = r.pos_int("num_hidden_layers", std::nullopt, kMaxLayers);
+  c.num_attention_heads = r.pos_int("num_attention_heads", std::nullopt, kMaxHeads);
+  c.num_key_value_heads = r.pos_int("num_key_value_heads", c.num_attention_heads, kMaxHeads);
   int64_t hd_default = c.model_type == "qwen3" ? 128 : q35 ? 256 : c.hidden_size / c.num_attention_heads;
-  c.head_dim = r.pos_int("head_dim", hd_default);
+  c.head_dim = r.pos_int("head_dim", std::max<int64_t>(1, hd_default), kMaxHeads);
   // MoE families use intermediate_size only for their dense layers (absent in qwen3_5_moe).
   if (c.family == TargetFamily::Dense || c.model_type.rfind("qwen3_5_text", 0) == 0 || c.model_type == "qwen3_5")
-    c.intermediate_size = r.pos_int("intermediate_size");
+    c.intermediate_size = r.pos_int("intermediate_size", std::nullopt, kMaxFfn);
   else
-    c.intermediate_size = r.get("intermediate_size") ? r.pos_int("intermediate_size")
+    c.intermediate_size = r.get("intermediate_size") ? r.pos_int("intermediate_size", std::nullopt, kMaxFfn)
                           : c.family == TargetFamily::Qwen3Moe ? 6144 : 0;  // transformers' default
   c.vocab_size = r.pos_int("vocab_size");
   c.max_position_embeddings = r.pos_int("max_position_embeddings", qwen ? 32768 : 2048);
   c.rms_norm_eps = r.number("rms_norm_eps", 1e-6);
-  if (!(c.rms_norm_eps > 0)) throw_user("{} must be positive", r.what("rms_norm_eps"));
+  if (!std::isfinite(c.rms_norm_eps) || !(c.rms_norm_eps > 0) || c.rms_norm_eps >= 1)
+    throw_user("{} must be a finite number in (0, 1), found {}", r.what("rms_norm_eps"), c.rms_norm_eps);
   // A wrapper's tie_word_embeddings is its own top-level key (transformers reads that one).
   c.tie_word_embeddings = fam->wrapper ? top.boolean("tie_word_embeddings", r.boolean("tie_word_embeddings", false))
                                        : r.boolean("tie_word_embeddings", false);

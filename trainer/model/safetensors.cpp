@@ -359,6 +359,17 @@ void SafeTensors::load_into(const std::string& name, const at::Tensor& dst) cons
   dst.copy_(src);  // synchronous for pageable host memory: the mapping is not used afterwards
 }
 
+void check_finite(const at::Tensor& t, const std::string& file, const std::string& name) {
+  if (!t.defined() || !at::isFloatingType(t.scalar_type()) || t.numel() == 0) return;
+  at::Tensor bad = at::logical_not(at::isfinite(t));
+  const int64_t n = bad.sum().item<int64_t>();
+  if (n == 0) return;
+  const int64_t nan = at::isnan(t).sum().item<int64_t>();
+  throw_user("'{}': tensor '{}' holds {} NaN and {} infinite value(s) of {} (written by a diverged run, or "
+             "corrupt); use another file or an earlier state",
+             file, name, nan, n - nan, t.numel());
+}
+
 void SafeTensors::expect_names(const std::vector<std::string>& expected,
                                const std::vector<std::string>& ignore_prefixes) const {
   std::set<std::string> want(expected.begin(), expected.end());

@@ -67,6 +67,10 @@ class SafeTensors {
   std::unique_ptr<Impl> impl_;
 };
 
+// UserError naming `file` and tensor `name` if floating-point `t` holds a NaN or an infinity
+// (with the count), e.g. the weights of a diverged run; integer tensors always pass.
+void check_finite(const at::Tensor& t, const std::string& file, const std::string& name);
+
 // Writes one .safetensors file (contiguous CPU copies of the tensors, names as given, sorted),
 // through `path + ".tmp"` and a rename, so a reader never sees a half-written file. With
 // `durable` (the default) the data is fsync'ed before the rename; benchmarks that write

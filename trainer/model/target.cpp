@@ -138,6 +138,11 @@ std::vector<std::string> target_weight_names(const HfConfig& cfg, int64_t num_la
   return n;
 }
 
+void check_target_weights(const std::string& dir, const HfConfig& cfg) {
+  if (cfg.family != TargetFamily::Dense) return;  // the hybrid families check their weights at load
+  (void)open_checked(dir, cfg);
+}
+
 TargetModel TargetModel::load(const std::string& dir, at::ScalarType dtype, at::Device device,
                               const TargetLoadOptions& opts) {
   c10::InferenceMode guard;
@@ -204,6 +209,7 @@ TargetModel TargetModel::load(const std::string& dir, at::ScalarType dtype, at::
   std::stable_sort(jobs.begin(), jobs.end(),
                    [](const auto& a, const auto& b) { return a.second.numel() > b.second.numel(); });
   run_loads(file, jobs, device);
+  for (const auto& [name, dst] : jobs) st::check_finite(dst, file.info(name).file, name);
   m.inv_freq_ = rope_inv_freq(c).to(device);
   return m;
 }
@@ -430,6 +436,8 @@ TargetEmbeddings load_target_embeddings(const std::string& dir, at::ScalarType d
   e.embed_tokens = file.load("model.embed_tokens.weight", dtype, device, &shape);
   e.tied = e.config.tie_word_embeddings;
   e.lm_head = e.tied ? e.embed_tokens : file.load("lm_head.weight", dtype, device, &shape);
+  st::check_finite(e.embed_tokens, file.info("model.embed_tokens.weight").file, "model.embed_tokens.weight");
+  if (!e.tied) st::check_finite(e.lm_head, file.info("lm_head.weight").file, "lm_head.weight");
   e.embed_tokens.requires_grad_(false);
   e.lm_head.requires_grad_(false);
   return e;

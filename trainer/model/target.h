@@ -164,4 +164,10 @@ at::ScalarType resolve_dtype(const std::string& name, at::Device device,
 // [0, num_layers), plus norm/lm_head if asked), in a stable order.
 std::vector<std::string> target_weight_names(const HfConfig& cfg, int64_t num_layers, bool lm_head);
 
+// Checks the weights of the model directory `dir` against `cfg` (config.json): names, float
+// dtypes and shapes, from the safetensors headers only (nothing is allocated). UserError naming
+// the directory, file and tensor. The run plan calls it so that a mismatch is refused before
+// anything is written. Dense (qwen3, llama) targets only; the other families are checked at load.
+void check_target_weights(const std::string& dir, const HfConfig& cfg);
+
 }  // namespace dflash::model

@@ -24,7 +24,7 @@ comm::Message pack(const BatchMessage& b, at::Device device) {
   m.kind = kBatchMessageKind;
   m.batch = b.batch;
   m.tensors = {b.ids, b.loss_mask, b.cu_seqlens, b.features,
-               at::tensor({b.stats.tokens, b.stats.busy_s, b.stats.wait_s}, at::kDouble).to(device)};
+               at::tensor({b.stats.tokens, b.stats.busy_s, b.stats.wait_s, b.stats.stop}, at::kDouble).to(device)};
   return m;
 }
 
@@ -38,10 +38,10 @@ BatchMessage unpack(comm::Message msg, int64_t expected_batch, const std::string
                   t[kLossMask].dim() == 1 && t[kLossMask].size(0) == T && t[kCuSeqlens].scalar_type() == at::kLong &&
                   t[kCuSeqlens].dim() == 1 && t[kCuSeqlens].size(0) >= 2 && t[kFeatures].dim() == 2 &&
                   t[kFeatures].size(0) == T && t[kStats].scalar_type() == at::kDouble && t[kStats].dim() == 1 &&
-                  t[kStats].size(0) == 3;
+                  t[kStats].size(0) == 4;
   if (!ok)
     throw CommError(fmt::format("batch {} from {}: ids {}, loss_mask {}, cu_seqlens {}, features {}, stats {}; "
-                                "expected int64 [T], uint8 [T], int64 [n+1], [T, K*H], float64 [3]",
+                                "expected int64 [T], uint8 [T], int64 [n+1], [T, K*H], float64 [4]",
                                 expected_batch, from, describe(t[kIds]), describe(t[kLossMask]),
                                 describe(t[kCuSeqlens]), describe(t[kFeatures]), describe(t[kStats])));
   BatchMessage b;
@@ -51,7 +51,7 @@ BatchMessage unpack(comm::Message msg, int64_t expected_batch, const std::string
   b.cu_seqlens = std::move(t[kCuSeqlens]);
   b.features = std::move(t[kFeatures]);
   const at::Tensor st = t[kStats].to(at::kCPU, at::kDouble);
-  b.stats = TargetStats{st[0].item<double>(), st[1].item<double>(), st[2].item<double>()};
+  b.stats = TargetStats{st[0].item<double>(), st[1].item<double>(), st[2].item<double>(), st[3].item<double>()};
   return b;
 }
 

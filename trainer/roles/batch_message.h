@@ -6,7 +6,8 @@
 //   tensors[1] loss_mask   [T] uint8     1 where the token is trained on
 //   tensors[2] cu_seqlens  [n+1] int64   document bounds in the stream (0 = cu[0] < ... = T)
 //   tensors[3] features    [T, K*H]      the captured target layers (target dtype)
-//   tensors[4] stats       [3] float64   {tokens, target busy seconds, target wait seconds}
+//   tensors[4] stats       [4] float64   {tokens, target busy seconds, target wait seconds, stop}
+//                                        (stop: 1 if the target was signalled, roles/preempt.h)
 // pack() and unpack() are the only code that knows the positions; unpack() checks kind, batch,
 // count, dtypes and shapes and throws CommError naming the sender on a mismatch (a peer out
 // of step or of another version). Tensors are moved, never copied, on both sides.
@@ -29,6 +30,7 @@ constexpr int kNumBatchTensors = 5;
 // What a target reports with each batch.
 struct TargetStats {
   double tokens = 0, busy_s = 0, wait_s = 0;
+  double stop = 0;  // 1: the target was signalled to stop (preempt.h)
 };
 
 struct BatchMessage {

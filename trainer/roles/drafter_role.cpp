@@ -8,14 +8,17 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "comm/preempt.h"
 #include "core/device.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "trainer/checkpoint/checkpoint.h"
+#include "trainer/config/identity.h"
 #include "core/files.h"
 #include "trainer/model/export.h"
 #include "trainer/model/target.h"
 #include "trainer/roles/eval_hooks.h"
+#include "trainer/roles/preempt.h"
 #include "trainer/roles/roles.h"
 #include "trainer/roles/run_info.h"
 
@@ -37,6 +40,7 @@ enum Stat {
   kCompute,      // Σ drafter forward+backward seconds (timeline)
   kBatches,
   kFlops,
+  kStop,         // Σ stop flags (signalled ranks, preempt.h)
   kNumStats      // then per block offset k = 1..bs-1: correct, count (2 x (bs-1) entries)
 };
 using Stats = std::vector<double>;
@@ -117,6 +121,12 @@ struct DrafterTrainer::Impl {
   double interval_start = 0, run_start = 0;
   int64_t last_state = -1;
   double last_lr = 0, last_gnorm = 0;
+  int64_t lag = 1, stop_after = -1;  // preempt.h
+  struct ControlSend {
+    comm::HandlePtr handle;
+    comm::Message msg;  // keeps the tensor alive until the send completes
+  };
+  std::deque<ControlSend> controls;
   double eval_tau = -1, eval_s = 0;  // latest evaluation during training (eval_hooks.h)
   int64_t eval_step = 0;
   // Times (metrics/timeline.h): this step's batches as marks, resolved when the step closes.
@@ -194,6 +204,7 @@ DrafterTrainer::DrafterTrainer(const RoleContext& ctx, int64_t drafter_index, in
             m.j, n_params, p.spec.num_layers, p.spec.block_size, fmt::join(p.layer_ids, ", "), now_s() - t0,
             p.start_step, p.total_steps, p.total_steps);
   device::sync(p.device);  // loaded means on the device (once, not per step)
+  m.lag = stop_lag(m.cfg, p);
   m.run_start = m.interval_start = now_s();
   m.load_s = m.run_start - load_t0;
   m.startup_s = metrics::process_age_s() - m.load_s;  // process start -> loading began
@@ -211,8 +222,13 @@ void DrafterTrainer::train_batch(const BatchMessage& b, int64_t ready) {
   model::DrafterBatch db = make_rows(ids, b.loss_mask, b.cu_seqlens, b.features, m.cfg.data.max_seq_len);
   db.global_batch_index = k;
   model::StepOutput out = m.drafter->forward(db, m.sopt);
-  if (!std::isfinite(out.loss_value))
-    throw std::runtime_error(fmt::format("drafter {}: the loss of batch {} is {}", m.j, k, out.loss_value));
+  if (!std::isfinite(out.loss_value)) {
+    const int64_t s = k / m.p.batches_per_step;
+    throw_user("drafter {}: the loss is {} at step {} (batch {}); likely causes: train.lr {:g} too high (this "
+               "step's rate {:g}), bad data in batch {}, or NaN weights in the target or drafter.init_from; the "
+               "run stops: resume from the last state with a lower train.lr",
+               m.j, out.loss_value, s + 1, k, m.cfg.train.lr, m.sched.at(s), k);
+  }
   (out.loss / static_cast<double>(m.p.grad_accum)).backward();
   Stats& s = m.step;
   s[kLossSum] += out.loss_value;
@@ -231,6 +247,7 @@ void DrafterTrainer::train_batch(const BatchMessage& b, int64_t ready) {
   s[kTargetBusy] += ts.busy_s;
   s[kTargetWait] += ts.wait_s;
   s[kBatches] += 1;
+  s[kStop] += ts.stop;
   // Useful FLOPs: per row, with the draft positions shared out in proportion to row lengths.
   const double q_per_token = static_cast<double>(out.n_blocks * m.p.spec.block_size) / std::max<int64_t>(1, ids.numel());
   for (const auto& bounds : db.docs) {
@@ -243,7 +260,7 @@ void DrafterTrainer::train_batch(const BatchMessage& b, int64_t ready) {
   m.idle_since = stop;
 }
 
-void DrafterTrainer::finish_step(int64_t s) {
+bool DrafterTrainer::finish_step(int64_t s) {
   Impl& m = *impl_;
   const RunPlan& p = m.p;
   // The step's batch times from the timeline (reading waits only for work the gradient
@@ -256,6 +273,7 @@ void DrafterTrainer::finish_step(int64_t s) {
   if (first && !m.marks.empty()) m.first_wait_s = m.tl.seconds(m.marks.front().ready, m.marks.front().start);
   const int64_t opt_begin = m.marks.empty() ? m.tl.mark() : m.marks.back().stop;
   m.marks.clear();
+  if (comm::preemption_requested()) m.step[kStop] += 1;
   // Gradients: average over the drafter group (each rank's are already the mean over its
   // grad_accum batches, so the result is the mean over the step's G batches).
   if (m.ctx.comm && p.drafter_ranks > 1) {
@@ -274,6 +292,12 @@ void DrafterTrainer::finish_step(int64_t s) {
   }
   m.last_lr = m.sched.at(s);
   m.last_gnorm = m.opt->step(m.last_lr, m.cfg.train.grad_clip);
+  if (!std::isfinite(m.last_gnorm))
+    throw_user("drafter {}: the gradient norm is {} at step {} (batches {}..{}); likely causes: train.lr {:g} too "
+               "high (this step's rate {:g}) or bad data; the run stops: resume from the last state with a lower "
+               "train.lr",
+               m.j, m.last_gnorm, s + 1, s * p.batches_per_step, (s + 1) * p.batches_per_step - 1, m.cfg.train.lr,
+               m.last_lr);
   m.opt->zero_grad();
   const double opt_s = m.tl.seconds(opt_begin, m.tl.mark());  // gradient reduction + stats + AdamW
   m.interval_opt_s += opt_s;
@@ -289,13 +313,33 @@ void DrafterTrainer::finish_step(int64_t s) {
   const int64_t done = s + 1;
   if (s == p.start_step && m.ctx.comm) m.ctx.comm->set_timeout(m.cfg.comm.timeout_s);
 
+  // Preemption (preempt.h): every drafter saw the same sum of stop flags.
+  const bool last = done == p.total_steps;
+  if (m.step[kStop] > 0 && m.stop_after < 0) {
+    m.stop_after = std::min(p.total_steps - 1, s + m.lag - 1);
+    if (m.leader())
+      log::warn("preemption: a rank was signalled; stopping after step {} (the batches in flight are trained), "
+                "then writing a state and exiting with code {}",
+                m.stop_after + 1, comm::kExitPreempted);
+  }
+  if (m.leader() && m.ctx.comm && !p.colocated) {
+    while (!m.controls.empty() && m.controls.front().handle->test()) m.controls.pop_front();
+    comm::Message cm;  // header only (preempt.h)
+    cm.kind = m.stop_after >= 0 ? kControlStop : kControlContinue;
+    cm.batch = s;
+    for (int64_t i = 0; i < p.target_ranks; ++i) {
+      const int t = m.ctx.rank.schedule.target_rank(i);
+      m.controls.push_back({m.ctx.comm->isend(t, cm), cm});
+    }
+  }
+  const bool stopping = m.stop_after == s && !last;
+
   for (size_t i = 0; i < m.step.size(); ++i) m.interval[i] += m.step[i];
   m.interval_loss += m.step[kLossSum] / std::max(1.0, m.step[kBatches]);
   ++m.interval_steps;
   std::fill(m.step.begin(), m.step.end(), 0.0);
 
-  const bool last = done == p.total_steps;
-  if (m.cfg.log.interval > 0 && (done % m.cfg.log.interval == 0 || last)) {
+  if (m.cfg.log.interval > 0 && (done % m.cfg.log.interval == 0 || last || stopping)) {
     const double t = now_s(), wall = std::max(1e-9, t - m.interval_start);
     const Stats& a = m.interval;
     metrics::StepMetrics mm;
@@ -336,7 +380,7 @@ void DrafterTrainer::finish_step(int64_t s) {
   }
 
   const auto& ck = m.cfg.checkpoint;
-  if (ck.state_every > 0 && (done % ck.state_every == 0 || last)) {
+  if ((ck.state_every > 0 && (done % ck.state_every == 0 || last)) || stopping) {
     const std::string tmp = ckpt::state_tmp_dir(m.cfg.run.dir, done);
     ckpt::write_rank_state(tmp, m.world_rank, done, m.leader() ? m.opt.get() : nullptr);
     if (m.ctx.comm && p.drafter_ranks > 1) m.ctx.comm->barrier(m.ctx.drafter_group.get());
@@ -346,6 +390,7 @@ void DrafterTrainer::finish_step(int64_t s) {
       meta.next_batch = done * p.batches_per_step;
       meta.total_steps = p.total_steps;
       meta.sig = p.signature;
+      meta.config_hash = identity_hash(m.cfg);
       for (int64_t jj = 0; jj < p.drafter_ranks; ++jj)
         meta.files.push_back(ckpt::rank_file(m.ctx.rank.schedule.drafter_rank(jj)));
       meta.files.push_back(ckpt::kOptimizerFile);
@@ -362,6 +407,17 @@ void DrafterTrainer::finish_step(int64_t s) {
   }
   m.idle_since = m.tl.mark();  // from here the drafter waits for its next batch
   m.tl.drop_before(m.idle_since);
+  return stopping;
+}
+
+int64_t DrafterTrainer::stop_after() const { return impl_->stop_after; }
+
+void DrafterTrainer::finish_controls() {
+  Impl& m = *impl_;
+  while (!m.controls.empty()) {
+    m.controls.front().handle->wait();
+    m.controls.pop_front();
+  }
 }
 
 void DrafterTrainer::finish_run() {
@@ -409,7 +465,9 @@ void run_drafter_role(const RoleContext& ctx) {
   std::deque<Pending> pending;
   size_t next = 0;
   auto post = [&] {
-    while (pending.size() < depth && next < mine.size()) {
+    // never past the last step of a signalled run: those batches are not produced (preempt.h)
+    const int64_t end = trainer.stop_after() < 0 ? p.total_batches : (trainer.stop_after() + 1) * p.batches_per_step;
+    while (pending.size() < depth && next < mine.size() && mine[next] < end) {
       const int64_t k = mine[next++];
       pending.push_back({k, ctx.comm->irecv(sched.target_of(k), k)});
     }
@@ -423,11 +481,20 @@ void run_drafter_role(const RoleContext& ctx) {
     trainer.train_batch(unpack(std::move(msg), k, comm::name_rank(sched.target_of(k))));
     if (sched.closes_step(k, p.grad_accum)) {
       const int64_t s = sched.step_of(k, p.grad_accum);
-      trainer.finish_step(s);
+      // A preemption stop skips the evaluation of the stop step: the eval rank (a target) meets
+      // only before producing a later step, which it no longer does (preempt.h).
+      if (trainer.finish_step(s)) {
+        DFLASH_CHECK(pending.empty(), "drafter {}: {} receives pending at the stop after step {}", j, pending.size(),
+                     s + 1);
+        trainer.finish_controls();
+        comm::mark_preempted(s + 1);
+        return;
+      }
       if (evl)
         if (auto r = evl->after_step(s + 1, trainer.drafter())) trainer.set_eval(r->step, r->tau, r->wall_s, false);
     }
   }
+  trainer.finish_controls();
   trainer.finish_run();
   if (evl)
     if (auto r = evl->finish()) trainer.set_eval(r->step, r->tau, r->wall_s, true);
@@ -466,7 +533,10 @@ void run_colocated(const RoleContext& ctx) {
     trainer.train_batch(bm, t1);  // the drafter waited for nothing: its batch was ready at t1
     if (sched.closes_step(k, p.grad_accum)) {
       const int64_t s = sched.step_of(k, p.grad_accum);
-      trainer.finish_step(s);
+      if (trainer.finish_step(s)) {
+        comm::mark_preempted(s + 1);
+        return;
+      }
       if (auto r = evc.after_step(s + 1, trainer.drafter()))
         trainer.set_eval(r->step, r->tau, r->wall_s, s + 1 == p.total_steps);
     }

@@ -26,8 +26,9 @@ RunPlan make_plan(const Config& cfg, const Schedule& schedule, int world_size, i
   check_paths(cfg);  // a missing directory or shard names its key (and the override that set it)
   p.target_config = model::load_hf_config(cfg.target.model_dir);
   p.target_info = model::target_info(p.target_config);
+  model::check_target_weights(cfg.target.model_dir, p.target_config);  // headers only, before anything is written
   if (!cfg.drafter.init_from.empty()) {
-    p.spec = model::read_drafter_config(cfg.drafter.init_from + "/config.json");
+    p.spec = model::read_drafter_dir(cfg.drafter.init_from);  // config and tensor shapes, nothing allocated
     p.spec.check_fits(p.target_info, cfg.drafter.init_from + "/config.json (drafter.init_from)");
     if (p.spec.block_size != cfg.drafter.block_size)
       throw_user("drafter.init_from {}: block_size {} differs from drafter.block_size {}", cfg.drafter.init_from,

@@ -65,8 +65,13 @@ class DrafterTrainer {
   // previous work); its wait is the time from there to the start of this batch's work.
   void train_batch(const BatchMessage& b, int64_t ready = -1);
   // Closes optimizer step s (0-based): reduce over the drafter group, clip, AdamW, metrics,
-  // state and export when due.
-  void finish_step(int64_t s);
+  // state and export when due; drafter 0 sends the step's control message to the targets
+  // (preempt.h). Returns true if the run stops after this step (preemption: state written).
+  bool finish_step(int64_t s);
+  // -1, or the last step (0-based) of a signalled run (preempt.h).
+  int64_t stop_after() const;
+  // Waits for drafter 0's control sends (call once, after the last step).
+  void finish_controls();
   // The final export (exports/final) and, if not just written, the final state.
   void finish_run();
   // Evaluation during training (eval_hooks.h): the live drafter, and the latest real tau for

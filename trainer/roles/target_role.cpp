@@ -5,10 +5,13 @@
 #include <ATen/ATen.h>
 #include <c10/core/InferenceMode.h>
 
+#include "comm/preempt.h"
+#include "core/device.h"
 #include "core/error.h"
 #include "core/log.h"
 #include "trainer/model/target.h"
 #include "trainer/roles/eval_hooks.h"
+#include "trainer/roles/preempt.h"
 #include "trainer/roles/roles.h"
 
 namespace dflash::roles {
@@ -38,7 +41,11 @@ void run_target_role(const RoleContext& ctx) {
   metrics::Timeline tl(p.device);
   double wait_acc = 0;
   size_t sent = 0;
+  // Preemption (preempt.h): drafter 0's control messages tell where a signalled run stops.
+  ControlReader control(*ctx.comm, sched.drafter_rank(0), p, stop_lag(ctx.cfg, p));
   for (const int64_t k : mine) {
+    control.before_step(k / p.batches_per_step);
+    if (control.stop_after() >= 0 && k >= (control.stop_after() + 1) * p.batches_per_step) break;
     if (evw) evw->before_batch(k);
     const int64_t t0 = tl.mark();
     data::Batch b = p.data->batch(k);
@@ -65,7 +72,8 @@ void run_target_role(const RoleContext& ctx) {
     }
     // Complete sends that are already done (frees memory early; no waiting).
     while (!inflight.empty() && inflight.front().handle->test()) inflight.pop_front();
-    bm.stats = TargetStats{static_cast<double>(b.num_tokens()), busy, wait_acc};
+    const double stop = comm::preemption_requested() ? 1.0 : 0.0;  // this target was signalled (preempt.h)
+    bm.stats = TargetStats{static_cast<double>(b.num_tokens()), busy, wait_acc, stop};
     wait_acc = 0;
     comm::Message msg = pack(bm, p.device);
     inflight.push_back({ctx.comm->isend(sched.drafter_of(k), msg), msg});
@@ -76,6 +84,13 @@ void run_target_role(const RoleContext& ctx) {
     if (evw) evw->use_slack(*inflight.front().handle);
     inflight.front().handle->wait();
     inflight.pop_front();
+  }
+  control.drain();
+  if (control.stop_after() >= 0 && control.stop_after() + 1 < p.total_steps) {
+    // no evw->finish(): the drafters skipped the evaluations from the stop step on (preempt.h)
+    comm::mark_preempted(control.stop_after() + 1);
+    log::info("target {}: stopped after step {} (preemption)", i, control.stop_after() + 1);
+    return;
   }
   if (evw) evw->finish();
   log::info("target {}: all batches sent", i);

@@ -10,6 +10,7 @@
 
 #include "comm/agree.h"
 #include "comm/communicator.h"
+#include "comm/preempt.h"
 #include "comm/identity.h"
 #include "comm/progress.h"
 #include "comm/startup_watchdog.h"
@@ -19,6 +20,7 @@
 #include "core/log.h"
 #include "trainer/roles/eval_hooks.h"
 #include "trainer/roles/roles.h"
+#include "trainer/roles/run_dir.h"
 #include "trainer/roles/run_info.h"
 
 namespace dflash {
@@ -29,12 +31,39 @@ namespace {
 // launches), so that each rank reports its own error and the others name the rank(s) that
 // failed and the cause, and all exit with the failure's code (2 for bad input) before anything
 // is written, instead of the first failure tearing the others down or leaving them waiting.
+// Every rank accepted the run: world rank 0 claims and prepares run.dir (roles/run_dir.h: the
+// lock, overwrite, stale .tmp, run.json), and the ranks agree on its outcome before anything else
+// writes there.
+std::optional<roles::RunPlan> prepare_on_rank0(const Config& cfg, const roles::RankContext& ctx,
+                                               const roles::RunDirDecision& run_dir, std::optional<roles::RunPlan> plan,
+                                               comm::Store* store, int* exit_code) {
+  comm::Report mine;
+  if (ctx.id.rank == 0) {
+    try {
+      roles::prepare_run_dir(cfg, run_dir, *plan);
+    } catch (const std::exception& e) {
+      if (ctx.id.world_size == 1) throw;
+      mine = {comm::exit_code_of(e), e.what()};
+    }
+  }
+  if (ctx.id.world_size == 1) return plan;
+  const std::vector<comm::Report> all = comm::agree(ctx.id, "rundir", mine, cfg.comm.startup_timeout_s, store);
+  if (all[0].ok()) return plan;
+  if (ctx.id.rank == 0) log::error("{}", mine.what);
+  else log::error("{} could not prepare run.dir: {}", comm::name_rank(0), all[0].what);
+  *exit_code = all[0].code;
+  return std::nullopt;
+}
+
 std::optional<roles::RunPlan> plan_on_every_rank(const Config& cfg, const roles::RankContext& ctx, bool resume,
                                                  comm::Store* store, int* exit_code) {
   std::optional<roles::RunPlan> plan;
   comm::Report mine;
+  roles::RunDirDecision run_dir;
   try {
-    plan = roles::make_plan(cfg, ctx.schedule, ctx.id.world_size, ctx.id.gpu, resume);
+    check_paths(cfg);  // a missing path is the first thing to fix, before which run the directory holds
+    run_dir = roles::inspect_run_dir(cfg, resume);  // reads only; may turn into an auto-resume
+    plan = roles::make_plan(cfg, ctx.schedule, ctx.id.world_size, ctx.id.gpu, run_dir.resume);
   } catch (const std::exception& e) {
     if (ctx.id.world_size == 1) throw;
     mine = {comm::exit_code_of(e), e.what()};
@@ -48,7 +77,7 @@ std::optional<roles::RunPlan> plan_on_every_rank(const Config& cfg, const roles:
   std::vector<int> bad;
   for (int r = 0; r < ctx.id.world_size; ++r)
     if (!all[static_cast<size_t>(r)].ok()) bad.push_back(r);
-  if (bad.empty()) return plan;
+  if (bad.empty()) return prepare_on_rank0(cfg, ctx, run_dir, std::move(plan), store, exit_code);
   if (!mine.ok()) {
     log::error("{}", mine.what);
     *exit_code = mine.code;
@@ -65,6 +94,8 @@ std::optional<roles::RunPlan> plan_on_every_rank(const Config& cfg, const roles:
 }  // namespace
 
 int run_training(const Config& cfg, const roles::RankContext& ctx, bool resume) {
+  // From here on SIGTERM/SIGUSR1 ask for a state and exit 4 (comm/preempt.h, roles/preempt.h).
+  comm::arm_preemption(cfg.comm.timeout_s);
   // CPU threads: share the cores among the ranks of this node (the CPU demo runs 4 ranks on 2).
   if (ctx.id.gpu < 0) {
     int threads = static_cast<int>(cfg.run.cpu_threads);
@@ -85,10 +116,17 @@ int run_training(const Config& cfg, const roles::RankContext& ctx, bool resume) 
     roles::copy_data_record(cfg);
   }
 
+  auto outcome = [&] {
+    if (comm::preempted_at() < 0) return kExitOk;
+    log::warn("preempted: stopped after step {} with its state in {}; exit code {} (launch again with the same "
+              "config to resume)",
+              comm::preempted_at(), ckpt::checkpoints_dir(cfg.run.dir), comm::kExitPreempted);
+    return comm::kExitPreempted;
+  };
   if (p.colocated) {
     roles::RoleContext rc_ctx{cfg, ctx, p, nullptr, nullptr};
     roles::run_colocated(rc_ctx);
-    return kExitOk;
+    return outcome();
   }
   std::unique_ptr<comm::Communicator> c = comm::make_communicator(roles::comm_options(cfg), ctx.id, store);
   std::shared_ptr<comm::Group> drafters = c->new_group(ctx.schedule.drafter_ranks());
@@ -100,7 +138,7 @@ int run_training(const Config& cfg, const roles::RankContext& ctx, bool resume) 
     roles::run_target_role(role);
   else
     roles::run_drafter_role(role);
-  return kExitOk;
+  return outcome();
 }
 
 }  // namespace dflash

@@ -1,0 +1,159 @@
+"""Preemption (comm/preempt.h, trainer/roles/preempt.h) under mpirun on CPU with the demo's tiny
+target, 2 target + 2 drafter ranks, 16 steps, states only at the end (checkpoint.state_every =
+1000), so that the only state before the end is the one the signal causes.
+
+For each of SIGUSR1 / SIGTERM sent to one target rank, to one drafter rank, to every rank, and
+SIGUSR1 to mpirun (OpenMPI 4.1 forwards SIGUSR1 and SIGUSR2 to the ranks): once a few steps are
+done the signal arrives; every rank says it stopped after
+the same step N, the job exits with 4, checkpoints/step-N is a complete state, and the same
+command launched again (auto-resume) finishes with per-step losses (metrics.jsonl) and final
+export bytes (model.safetensors) equal to an uninterrupted run's. Equality is exact: same layout,
+one thread per rank, so the computation is deterministic (the e2e resume test relies on it too).
+A second signal ends a rank at once (exit 3) without a state.
+
+SIGTERM to mpirun cannot be a preemption: OpenMPI 4.1 cannot forward it (ess_base_forward_signals
+refuses SIGTERM); it sends SIGTERM to every rank and SIGKILL odls_base_sigkill_timeout (1) s
+later, and stops forwarding the ranks' output (with a longer timeout a rank blocks writing its
+log and the others time out). The test checks what dflash promises then: the job ends non-zero,
+the run directory holds no partial state, and the same command launched again finishes with the
+losses and export of an uninterrupted run.
+"""
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+
+import ops_common as oc
+
+NP = 4
+STEPS = 16
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    if not os.path.exists(oc.RANK_BIN):
+        pytest.skip(f"{oc.RANK_BIN} not built")
+    if shutil.which("mpirun") is None:
+        pytest.skip("mpirun not found")
+    root = str(tmp_path_factory.mktemp("preempt"))
+    target, data = oc.make_assets(root)
+    return root, target, data
+
+
+def args(assets, run_dir):
+    root, target, data = assets
+    return oc.overrides(target, data, run_dir, **{"train.max_steps": STEPS, "checkpoint.state_every": 1000})
+
+
+@pytest.fixture(scope="module")
+def straight(assets):
+    run_dir = os.path.join(assets[0], "straight")
+    p = oc.mpirun(NP, args(assets, run_dir))
+    assert p.returncode == 0, p.all[-3000:]
+    return run_dir
+
+
+def ranks_of(mpirun_pid):
+    """world rank -> pid of mpirun's children."""
+    out = {}
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid != mpirun_pid:
+                continue
+            env = open(f"/proc/{p}/environ", "rb").read().split(b"\0")
+            for e in env:
+                if e.startswith(b"OMPI_COMM_WORLD_RANK="):
+                    out[int(e.split(b"=")[1])] = int(p)
+        except (OSError, IndexError, ValueError):
+            pass
+    return out
+
+
+def steps_done(run_dir):
+    try:
+        return sum(1 for _ in open(os.path.join(run_dir, "metrics.jsonl")))
+    except OSError:
+        return 0
+
+
+def launch_and_signal(assets, run_dir, who, sig, second=False):
+    e = oc.env()
+    proc = subprocess.Popen(oc.mpirun_cmd(NP, args(assets, run_dir)), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=e, cwd=oc.SRC, start_new_session=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None and steps_done(run_dir) < 3:
+        time.sleep(0.01)
+    assert proc.poll() is None, "the run ended before the signal:\n" + proc.stdout.read()[-3000:]
+    ranks = ranks_of(proc.pid)
+    assert sorted(ranks) == list(range(NP)), ranks
+    at = steps_done(run_dir)
+    pids = {"launcher": [proc.pid], "target": [ranks[1]], "drafter": [ranks[3]], "all": list(ranks.values())}[who]
+    for pid in pids:
+        os.kill(pid, sig)
+    if second:
+        time.sleep(0.05)
+        for pid in pids:
+            os.kill(pid, sig)
+    out, _ = proc.communicate(timeout=120)
+    return proc.returncode, out, at
+
+
+CASES = [("target", signal.SIGUSR1), ("target", signal.SIGTERM), ("drafter", signal.SIGUSR1),
+         ("drafter", signal.SIGTERM), ("all", signal.SIGTERM), ("all", signal.SIGUSR1), ("launcher", signal.SIGUSR1)]
+
+
+@pytest.mark.parametrize("who,sig", CASES, ids=[f"{w}-{s.name}" for w, s in CASES])
+def test_signal_saves_a_state_and_resume_is_identical(assets, straight, tmp_path, who, sig):
+    run_dir = str(tmp_path / "run")
+    rc, out, at = launch_and_signal(assets, run_dir, who, sig)
+    assert rc == 4, (rc, out[-4000:])
+    assert f"received {sig.name}" in out, out[-4000:]
+    stops = set(re.findall(r"preempted: stopped after step (\d+)", out))
+    lines = [l for l in out.splitlines() if "preempted: stopped after step" in l]
+    assert len(lines) == NP and len(stops) == 1, out[-4000:]  # every rank, the same step
+    n = int(stops.pop())
+    assert at <= n < STEPS, (at, n)
+    meta = json.load(open(os.path.join(run_dir, "checkpoints", f"step-{n:08d}", "meta.json")))
+    assert meta["step"] == n
+    assert not os.path.exists(os.path.join(run_dir, "exports", "final"))
+    assert "Traceback" not in out and "terminate called" not in out
+    # the requeued job: the same command, no --resume
+    p = oc.mpirun(NP, args(assets, run_dir))
+    assert p.returncode == 0, p.all[-3000:]
+    assert "auto-resume:" in p.all, p.all[-3000:]
+    assert oc.step_losses(run_dir) == oc.step_losses(straight)
+    assert oc.export_bytes(run_dir) == oc.export_bytes(straight)
+
+
+def test_second_signal_exits_at_once_without_a_state(assets, tmp_path):
+    run_dir = str(tmp_path / "run")
+    rc, out, at = launch_and_signal(assets, run_dir, "drafter", signal.SIGTERM, second=True)
+    assert rc != 0 and rc != 4, (rc, out[-4000:])
+    assert "SIGTERM again: exiting now, without a state" in out, out[-4000:]
+    ck = os.path.join(run_dir, "checkpoints")
+    assert not os.path.exists(ck) or not [n for n in os.listdir(ck) if n.startswith("step-")], os.listdir(ck)
+
+
+def test_sigterm_to_mpirun_loses_no_consistency(assets, straight, tmp_path):
+    run_dir = str(tmp_path / "run")
+    rc, out, at = launch_and_signal(assets, run_dir, "launcher", signal.SIGTERM)
+    assert rc not in (0, 4), (rc, out[-4000:])
+    ck = os.path.join(run_dir, "checkpoints")
+    if os.path.exists(ck):  # a state the stop managed to write is complete; no partial one counts
+        for n in os.listdir(ck):
+            if n.startswith("step-") and not n.endswith(".tmp"):
+                assert os.path.exists(os.path.join(ck, n, "meta.json")), n
+    p = oc.mpirun(NP, args(assets, run_dir))
+    assert p.returncode == 0, p.all[-3000:]
+    assert oc.step_losses(run_dir) == oc.step_losses(straight)
+    assert oc.export_bytes(run_dir) == oc.export_bytes(straight)
+
