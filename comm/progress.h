@@ -45,6 +45,18 @@ void waiting(const char* what, int64_t batch = -1);
 // is about to end), so that the others never blame it.
 std::string diagnose();
 
+// Marks this rank as ending on its own (the launcher's SIGTERM, an error being reported), so
+// that the others never name it as the culprit. Async-signal-safe (one atomic store).
+void mark_ending();
+
+// What this node's board says about one rank (the rendezvous asks about rank 0, the store host):
+// Unknown (no board, or the rank may run on another node), NeverStarted (every rank runs here
+// and it has no record), Running, Stopped (SIGSTOP or a debugger), Dead (gone without ending on
+// its own: kill -9, a crash), Ended (it ended on its own: an error it reported, the launcher's
+// signal, a normal end).
+enum class Seen { Unknown, NeverStarted, Running, Stopped, Dead, Ended };
+Seen seen(int rank);
+
 // Removes this rank's record (normal end).
 void close();
 

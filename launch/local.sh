@@ -16,7 +16,7 @@
 #   - SIGINT, SIGTERM and SIGUSR1 sent to this script are forwarded to every rank (a second
 #     Ctrl-C is forwarded again, which forces the ranks out);
 #   - when a rank ends with a code other than 0 or 4 (4 = preempted: state written, docs/launch.md),
-#     the others get SIGTERM, then SIGKILL after
+#     the others get SIGTERM (and SIGCONT, so that a stopped rank ends too), then SIGKILL after
 #     DFLASH_LOCAL_GRACE_S (default 10) seconds; the script exits with the code of the rank that
 #     failed first (128+N when it was killed by signal N). Otherwise it exits with the highest
 #     code of the ranks (0 when all succeeded).
@@ -107,7 +107,9 @@ while [ ${#live[@]} -gt 0 ]; do
     first_fail=$rc
     if alive; then
       say "rank $r exited with code $rc; stopping the other rank(s) (SIGTERM, SIGKILL after $GRACE s)"
-      for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+      # SIGCONT after SIGTERM (as systemd does): a stopped rank handles its SIGTERM now instead
+      # of waiting for the SIGKILL
+      for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; kill -CONT "$p" 2>/dev/null || true; done
       ( sleep "$GRACE"; for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done ) &
       killer=$!
     else
