@@ -9,7 +9,10 @@
 //    counter, no system call), <job> from the launcher's job id (PMIX_NAMESPACE under mpirun and
 //    srun --mpi=pmix, SLURM_JOB_ID.SLURM_STEP_ID, torchrun's run id or MASTER_ADDR:MASTER_PORT).
 //    No board for a single process. Each rank removes its record when it ends normally; a
-//    record left by a killed rank is found dead and ignored by the next run of the same job id.
+//    record left by a killed rank is found dead and ignored by the next run of the same job id;
+//    a job directory whose ranks are all gone is removed by the next job (never a young one
+//    that another job is making right now).
+//  - mark_ending(): the rank ends on its own (the launcher's signal): never blamed by the others.
 //  - publish(): the rank's phase ("start", "MPI_Init", "plan", "train", ...), step and batch;
 //    waiting(): set by every BlockedOn (comm/watchdog.h) while the rank is blocked.
 //  - diagnose(): read every record of this node and name the culprit(s), in this order:

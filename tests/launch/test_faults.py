@@ -244,7 +244,7 @@ def test_torchrun_style_rank_ended_by_a_signal_is_not_blamed():
     try:
         runs = {q: Run([BIN, *args], clean_env(mpi=False, RANK=q, LOCAL_RANK=q, WORLD_SIZE=4, LOCAL_WORLD_SIZE=4,
                                                MASTER_ADDR="127.0.0.1", MASTER_PORT=port)) for q in (0, 1, 3)}
-        assert runs[3].wait_for(lambda: runs[3].first("identity:") is not None, 60), runs[3].finish()
+        assert runs[3].wait_for(lambda: runs[3].first("identity:") is not None, 60), "rank 3 printed no identity line"
         runs[3].proc.send_signal(signal.SIGTERM)
         codes = {q: x.finish(timeout=60) for q, x in runs.items()}
         lines = sorted(l for x in runs.values() for l in x.lines)
