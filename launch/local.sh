@@ -98,7 +98,7 @@ while [ ${#live[@]} -gt 0 ]; do
   done_pid=""
   wait -n -p done_pid "${live[@]}" 2>/dev/null  # (bash's own "Killed" notice: we say it below)
   rc=$?
-  if [ -z "$done_pid" ]; then continue; fi  # a trapped signal interrupted the wait
+  if [ -z "${done_pid:-}" ]; then continue; fi  # a trapped signal interrupted the wait (wait -p unsets it first)
   rest=(); for p in "${live[@]}"; do [ "$p" != "$done_pid" ] && rest+=("$p"); done
   live=("${rest[@]}")
   r=$(rank_of "$done_pid")
