@@ -58,11 +58,11 @@ export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}   # NVLink multicast off (H200 ho
 # export NCCL_DEBUG=WARN                          # INFO prints the chosen transports (P2P/NVLink, SHM)
 # export NCCL_P2P_DISABLE=1                       # debug only: force the SHM path between GPUs
 
-free_port() {  # a port in 20000..59999 that nothing listens on
-  local p _i
+free_port() {  # a port in 20000..32767 that no TCP socket uses (below Linux's ephemeral range, so
+  local p _i  # that no outgoing connection takes it between this check and rank 0's bind)
   for _i in $(seq 50); do
-    p=$((20000 + RANDOM % 40000))
-    [ -z "$(ss -Hltn "sport = :$p" 2>/dev/null)" ] && { echo "$p"; return; }
+    p=$((20000 + RANDOM % 12768))
+    [ -z "$(ss -Htan "sport = :$p" 2>/dev/null)" ] && { echo "$p"; return; }
   done
   echo 29500
 }
@@ -98,7 +98,13 @@ while [ ${#live[@]} -gt 0 ]; do
   done_pid=""
   wait -n -p done_pid "${live[@]}" 2>/dev/null  # (bash's own "Killed" notice: we say it below)
   rc=$?
-  if [ -z "${done_pid:-}" ]; then continue; fi  # a trapped signal interrupted the wait (wait -p unsets it first)
+  if [ -z "${done_pid:-}" ]; then  # a trapped signal interrupted the wait (wait -p unsets it first)
+    if [ "$rc" = 127 ]; then  # no such child left to wait for: drop the ranks that are gone
+      rest=(); for p in "${live[@]}"; do kill -0 "$p" 2>/dev/null && rest+=("$p"); done
+      live=("${rest[@]}")
+    fi
+    continue
+  fi
   rest=(); for p in "${live[@]}"; do [ "$p" != "$done_pid" ] && rest+=("$p"); done
   live=("${rest[@]}")
   r=$(rank_of "$done_pid")
