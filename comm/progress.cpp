@@ -44,7 +44,7 @@ struct Record {
   int64_t step;
   int64_t batch;
   int32_t waits;              // > 0 while blocked in a communication
-  int32_t pad;
+  std::atomic<int32_t> ending;  // 1: the rank is ending on its own (a signal from the launcher, an error)
   int64_t wait_since_ns;
   char phase[64];
   char wait[168];
@@ -52,6 +52,7 @@ struct Record {
 
 std::mutex g_mu;
 Record* g_rec = nullptr;
+std::atomic<Record*> g_sig_rec{nullptr};  // g_rec for mark_ending() (a signal handler: no lock)
 std::string g_dir;
 std::string g_file;
 int g_world = 0;
@@ -125,7 +126,20 @@ bool read_record(const std::string& path, Record* out) {
   return ok;
 }
 
-// Job directories of earlier runs whose ranks are all gone (killed runs leave records).
+// Seconds since the last change of a file or directory (a large number when it is gone).
+double age_s(const std::string& path) {
+  struct stat sb{};
+  if (::stat(path.c_str(), &sb) != 0) return 1e9;
+  timespec now{};
+  clock_gettime(CLOCK_REALTIME, &now);
+  return static_cast<double>(now.tv_sec - sb.st_mtim.tv_sec) + (now.tv_nsec - sb.st_mtim.tv_nsec) * 1e-9;
+}
+
+// Job directories of earlier runs whose ranks are all gone (killed runs leave records). Another
+// job's directory that is being made right now (empty, or a record not written yet) is young:
+// it is left alone, else its ranks would lose their records and be "never started" to the others.
+constexpr double kYoungS = 60;
+
 void prune_stale(const std::string& keep) {
   DIR* d = opendir(kRoot);
   if (!d) return;
@@ -145,11 +159,14 @@ void prune_stale(const std::string& keep) {
       Record r{};
       char st = 0;
       int64_t start = 0;
-      if (read_record(files.back(), &r) && proc_stat(r.pid, &st, &start) && start == r.start_ticks && st != 'Z')
+      if (!read_record(files.back(), &r)) {
+        if (age_s(files.back()) < kYoungS) live = true;  // being written
+      } else if (proc_stat(r.pid, &st, &start) && start == r.start_ticks && st != 'Z') {
         live = true;
+      }
     }
     closedir(jd);
-    if (live) continue;
+    if (live || (files.empty() && age_s(dir) < kYoungS)) continue;
     for (const auto& f : files) ::unlink(f.c_str());
     ::rmdir(dir.c_str());
   }
@@ -180,7 +197,7 @@ std::string where(const Record& r) {
 }
 
 bool gave_up(const Record& r) {
-  return std::strcmp(r.phase, "failed") == 0 || std::strcmp(r.phase, "gave up") == 0 ||
+  return r.ending.load() != 0 || std::strcmp(r.phase, "failed") == 0 || std::strcmp(r.phase, "gave up") == 0 ||
          std::strcmp(r.phase, "done") == 0;
 }
 
@@ -231,10 +248,12 @@ void open_from_env() {
   g_rec->start_ticks = start;
   g_rec->step = g_rec->batch = -1;
   g_rec->waits = 0;
+  g_rec->ending.store(0);
   copy_str(g_rec->phase, sizeof(g_rec->phase), "start");
   g_rec->t_ns = mono_ns();
   g_rec->magic = kMagic;
   g_rec->seq.store(2);
+  g_sig_rec.store(g_rec);
 }
 
 void publish(const char* phase, int64_t step, int64_t batch) {
@@ -259,38 +278,67 @@ void waiting(const char* what, int64_t batch) {
   });
 }
 
-std::string diagnose() {
+namespace {
+
+struct Board {
   std::string dir;
   int world = 0, self = -1;
   bool one_node = false;
-  {
-    std::lock_guard<std::mutex> g(g_mu);
-    if (!g_rec) return "";
-    dir = g_dir;
-    world = g_world;
-    self = g_rec->rank;
-    one_node = g_one_node;
-  }
+};
+
+bool board(Board* b) {
+  std::lock_guard<std::mutex> g(g_mu);
+  if (!g_rec) return false;
+  b->dir = g_dir;
+  b->world = g_world;
+  b->self = g_rec->rank;
+  b->one_node = g_one_node;
+  return true;
+}
+
+// One rank's record on this node's board.
+Seen classify(const Board& b, int r, Record* rec, char* st) {
+  if (!read_record(fmt::format("{}/rank{}", b.dir, r), rec)) return b.one_node ? Seen::NeverStarted : Seen::Unknown;
+  int64_t start = 0;
+  bool alive = proc_stat(rec->pid, st, &start) && start == rec->start_ticks && *st != 'Z' && *st != 'X';
+  if (!alive) return gave_up(*rec) ? Seen::Ended : Seen::Dead;
+  if (*st == 'T' || *st == 't') return Seen::Stopped;
+  return gave_up(*rec) ? Seen::Ended : Seen::Running;
+}
+
+}  // namespace
+
+Seen seen(int rank) {
+  Board b;
+  if (!board(&b) || rank < 0 || rank >= b.world) return Seen::Unknown;
+  Record rec{};
+  char st = 0;
+  return classify(b, rank, &rec, &st);
+}
+
+std::string diagnose() {
+  Board b;
+  if (!board(&b)) return "";
   publish("gave up", -1, -1);  // this rank is about to end: never blamed by the others
   int64_t now = mono_ns();
   std::vector<std::string> stopped, dead, missing, idle;
-  for (int r = 0; r < world; ++r) {
-    if (r == self) continue;
+  for (int r = 0; r < b.world; ++r) {
+    if (r == b.self) continue;
     Record rec{};
-    if (!read_record(fmt::format("{}/rank{}", dir, r), &rec)) {
-      if (one_node) missing.push_back(name_rank(r));
-      continue;
-    }
     char st = 0;
-    int64_t start = 0;
-    bool alive = proc_stat(rec.pid, &st, &start) && start == rec.start_ticks && st != 'Z' && st != 'X';
-    if (!alive) {
-      if (!gave_up(rec)) dead.push_back(fmt::format("{} (pid {}) died {}", name_rank(r), rec.pid, where(rec)));
-    } else if (st == 'T' || st == 't') {
-      stopped.push_back(fmt::format("{} is stopped (SIGSTOP or a debugger; pid {}) {}", name_rank(r), rec.pid, where(rec)));
-    } else if (rec.waits == 0 && !gave_up(rec)) {
-      idle.push_back(fmt::format("{} (pid {}) is not in a communication and made no progress for {:.1f} s {}",
-                                 name_rank(r), rec.pid, (now - rec.t_ns) / 1e9, where(rec)));
+    switch (classify(b, r, &rec, &st)) {
+      case Seen::NeverStarted: missing.push_back(name_rank(r)); break;
+      case Seen::Dead: dead.push_back(fmt::format("{} (pid {}) died {}", name_rank(r), rec.pid, where(rec))); break;
+      case Seen::Stopped:
+        stopped.push_back(fmt::format("{} is stopped (SIGSTOP or a debugger; pid {}) {}", name_rank(r), rec.pid, where(rec)));
+        break;
+      case Seen::Running:
+        if (rec.waits == 0)
+          idle.push_back(fmt::format("{} (pid {}) is not in a communication and made no progress for {:.1f} s {}",
+                                     name_rank(r), rec.pid, (now - rec.t_ns) / 1e9, where(rec)));
+        break;
+      case Seen::Unknown:
+      case Seen::Ended: break;
     }
   }
   auto join = [](const std::vector<std::string>& v) { return fmt::format("{}", fmt::join(v, "; ")); };
@@ -298,7 +346,11 @@ std::string diagnose() {
   if (!dead.empty()) return "progress: " + join(dead);
   if (!missing.empty()) return fmt::format("progress: {} never started (no record on this node)", fmt::join(missing, ", "));
   if (!idle.empty()) return "progress: " + join(idle) + " (it hangs, or computes for longer than the deadline)";
-  return one_node ? "" : "progress: no rank of this node is late (look at the other nodes' logs)";
+  return b.one_node ? "" : "progress: no rank of this node is late (look at the other nodes' logs)";
+}
+
+void mark_ending() {
+  if (Record* r = g_sig_rec.load()) r->ending.store(1);
 }
 
 void close() {
@@ -307,6 +359,7 @@ void close() {
   // Mark this rank done (a rank that ends early is not "never started" to the others); the last
   // rank out removes the job's directory.
   update([](Record& r) { copy_str(r.phase, sizeof(r.phase), "done"); });
+  g_sig_rec.store(nullptr);
   ::munmap(g_rec, sizeof(Record));
   g_rec = nullptr;
   bool all_out = true;

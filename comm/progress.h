@@ -9,7 +9,10 @@
 //    counter, no system call), <job> from the launcher's job id (PMIX_NAMESPACE under mpirun and
 //    srun --mpi=pmix, SLURM_JOB_ID.SLURM_STEP_ID, torchrun's run id or MASTER_ADDR:MASTER_PORT).
 //    No board for a single process. Each rank removes its record when it ends normally; a
-//    record left by a killed rank is found dead and ignored by the next run of the same job id.
+//    record left by a killed rank is found dead and ignored by the next run of the same job id;
+//    a job directory whose ranks are all gone is removed by the next job (never a young one
+//    that another job is making right now).
+//  - mark_ending(): the rank ends on its own (the launcher's signal): never blamed by the others.
 //  - publish(): the rank's phase ("start", "MPI_Init", "plan", "train", ...), step and batch;
 //    waiting(): set by every BlockedOn (comm/watchdog.h) while the rank is blocked.
 //  - diagnose(): read every record of this node and name the culprit(s), in this order:
@@ -44,6 +47,18 @@ void waiting(const char* what, int64_t batch = -1);
 // for it", or "" when nothing can be said. This rank is excluded, and is marked as giving up (it
 // is about to end), so that the others never blame it.
 std::string diagnose();
+
+// Marks this rank as ending on its own (the launcher's SIGTERM, an error being reported), so
+// that the others never name it as the culprit. Async-signal-safe (one atomic store).
+void mark_ending();
+
+// What this node's board says about one rank (the rendezvous asks about rank 0, the store host):
+// Unknown (no board, or the rank may run on another node), NeverStarted (every rank runs here
+// and it has no record), Running, Stopped (SIGSTOP or a debugger), Dead (gone without ending on
+// its own: kill -9, a crash), Ended (it ended on its own: an error it reported, the launcher's
+// signal, a normal end).
+enum class Seen { Unknown, NeverStarted, Running, Stopped, Dead, Ended };
+Seen seen(int rank);
 
 // Removes this rank's record (normal end).
 void close();

@@ -1,13 +1,16 @@
 // The start-up deadline thread and its phases (comm/startup_watchdog.h).
 #include "comm/startup_watchdog.h"
 
+#include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <mutex>
 #include <thread>
 
@@ -53,6 +56,39 @@ int64_t now_ns() {
   _exit(kExitComm);
 }
 
+// SIGTERM/SIGINT/SIGHUP before install_watchdog() (comm/watchdog.h) takes them over: the
+// launcher ends this rank because another failed. One line, the board marks this rank as ending
+// on its own (never the culprit to the others), exit 3. Async-signal-safe.
+char g_sig_prefix[48] = "[dflash]";
+
+void on_startup_signal(int sig) {
+  progress::mark_ending();
+  const char* name = sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : "SIGHUP";
+  char line[200];
+  int n = std::snprintf(line, sizeof(line), "%s error: terminated by %s during the start-up (the launcher ends every "
+                        "rank when one fails)\n", g_sig_prefix, name);
+  if (n > 0) {
+    ssize_t ignored = ::write(2, line, static_cast<size_t>(std::min<int>(n, sizeof(line) - 1)));
+    (void)ignored;
+  }
+  _exit(kExitComm);
+}
+
+void install_startup_signals() {
+  int r = progress::rank_from_env();
+  if (r >= 0) std::snprintf(g_sig_prefix, sizeof(g_sig_prefix), "[dflash r%d]", r);
+  struct sigaction sa;
+  std::memset(&sa, 0, sizeof(sa));
+  sa.sa_handler = on_startup_signal;
+  sigemptyset(&sa.sa_mask);
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) {
+    struct sigaction old;
+    // a signal the caller ignores (nohup) stays ignored
+    if (sigaction(sig, nullptr, &old) == 0 && old.sa_handler == SIG_IGN) continue;
+    sigaction(sig, &sa, nullptr);
+  }
+}
+
 void loop() {
   for (;;) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -70,6 +106,7 @@ void loop() {
 void startup_begin(double timeout_s) {
   g_timeout = std::isfinite(timeout_s) && timeout_s > 0 ? timeout_s : 0.0;
   progress::open_from_env();
+  install_startup_signals();
   progress::maybe_fail(progress::rank_from_env(), "init");
   if (!g_started.exchange(true)) std::thread(loop).detach();
 }
@@ -95,7 +132,9 @@ StartupPhase::StartupPhase(std::string what, double grace_s) {
 
 StartupPhase::~StartupPhase() {
   progress::waiting(nullptr);
-  progress::publish("start-up (between phases)");
+  // left by an exception: this rank is about to report its error and end (never the culprit
+  // to the others, also not in the moment before fail_fast marks it)
+  progress::publish(std::uncaught_exceptions() > 0 ? "gave up" : "start-up (between phases)");
   if (slot_ < 0) return;
   std::lock_guard<std::mutex> g(g_mu);
   g_phases[slot_].used.store(false, std::memory_order_release);

@@ -3,8 +3,10 @@
 #include <c10/util/Logging.h>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <condition_variable>
 #include <map>
 #include <mutex>
@@ -210,7 +212,16 @@ std::unique_ptr<Store> make_store(const Identity& id, double timeout_s) {
   // own, better message)
   StartupPhase phase(fmt::format("{} the TCP store at {}:{} (MASTER_ADDR:MASTER_PORT; rank 0 serves it)",
                                  server ? "serving" : "connecting to", id.master_addr, id.master_port), 1.0);
-  return std::make_unique<TcpStore>(id.master_addr, id.master_port, server, timeout_s, prefix);
+  try {
+    return std::make_unique<TcpStore>(id.master_addr, id.master_port, server, timeout_s, prefix);
+  } catch (const CommError& e) {
+    if (server || id.agent_store) throw;
+    // c10d's own connect timeout may come before the phase's deadline: name the store host's
+    // state all the same (this node's board), never nobody
+    std::string late = progress::diagnose();
+    throw CommError(fmt::format("{}; {}", e.what(),
+                                late.empty() ? "rank 0 serves it: is it running on MASTER_ADDR (see its log)?" : late));
+  }
 }
 
 std::shared_ptr<Store> startup_store(const Identity& id, double timeout_s) {
@@ -219,24 +230,73 @@ std::shared_ptr<Store> startup_store(const Identity& id, double timeout_s) {
 }
 
 // ---- rendezvous -----------------------------------------------------------------------------
+namespace {
+
+constexpr const char* kFailed = "!failed: ";  // rank 0's verdict in place of the list
+
+std::string rdzv_key(const std::string& tag, int r) { return fmt::format("rdzv/{}/rank/{}", tag, r); }
+
+// Why rank 0 did not complete the rendezvous, as far as this (non-zero) rank can tell: the
+// store's record of who checked in (when it still answers), this node's board, and what the
+// board says about rank 0 itself. Names a rank only when the evidence says so.
+std::string client_diagnosis(Store& store, const std::string& tag, int world_size, double timeout_s) {
+  std::vector<int> absent;
+  bool store_up = true;
+  try {
+    for (int r = 1; r < world_size; ++r)
+      if (!store.check({rdzv_key(tag, r)})) absent.push_back(r);
+  } catch (const CommError&) {
+    store_up = false;
+  }
+  progress::Seen host = progress::seen(0);
+  std::string late = progress::diagnose();
+  std::string head;
+  if (store_up) {
+    head = fmt::format("rendezvous '{}': rank 0 did not complete it within {:.0f} s", tag, timeout_s);
+    if (!absent.empty())
+      head += fmt::format(" (the store has no record of rank{} {}: {} not arrive)", absent.size() > 1 ? "s" : "",
+                          fmt::join(absent, ", "), absent.size() > 1 ? "they did" : "it did");
+  } else if (host == progress::Seen::Dead || host == progress::Seen::NeverStarted) {
+    head = fmt::format("rendezvous '{}': rank 0 (the store host) is gone", tag);
+  } else if (host == progress::Seen::Ended) {
+    head = fmt::format("rendezvous '{}': rank 0 (the store host) ended on an error of its own before it completed "
+                       "(its line says why)", tag);
+  } else {
+    head = fmt::format("rendezvous '{}': lost the connection to the store (rank 0 serves it) before it completed", tag);
+  }
+  if (!late.empty()) return head + "; " + late;
+  if (host == progress::Seen::Unknown && !store_up) return head + " (rank 0 may have died, or its node is unreachable: see its log)";
+  return head;
+}
+
+}  // namespace
+
 std::vector<std::string> rendezvous(Store& store, const std::string& tag, int rank, int world_size,
                                     const std::string& info, double timeout_s) {
   DFLASH_CHECK(info.find('\n') == std::string::npos, "rendezvous info must be one line: '{}'", info);
-  auto key = [&](int r) { return fmt::format("rdzv/{}/rank/{}", tag, r); };
+  auto key = [&](int r) { return rdzv_key(tag, r); };
   std::string all_key = fmt::format("rdzv/{}/all", tag);
-  StartupPhase phase(fmt::format("rendezvous '{}'", tag), 3.0);  // a backstop: the loop below reports better
+  std::string seen_key = fmt::format("rdzv/{}/failure_read", tag);
+  // a backstop: the code below reports better (rank 0 at timeout_s, the others at timeout_s + 1.5)
+  StartupPhase phase(fmt::format("rendezvous '{}'", tag), 3.0);
   store.set_string(key(rank), info);
   if (rank != 0) {
+    std::string all;
     try {
-      return split_lines(store.get_string(all_key, timeout_s));
+      // rank 0 gives its verdict at timeout_s: wait a little longer, so that it is rank 0 (which
+      // knows who arrived) that names the missing ranks
+      all = store.get_string(all_key, timeout_s + 1.5);
     } catch (const CommError&) {
-      // who is late, when this node can tell (comm/progress.h)
-      std::string late = progress::diagnose();
-      throw CommError(fmt::format("rendezvous '{}': rank 0 did not complete it within {:.0f} s{}", tag, timeout_s,
-                                  late.empty() ? " (rank 0 may have died or stopped, or other ranks never arrived; "
-                                                 "see rank 0's log)"
-                                               : "; " + late));
+      throw CommError(client_diagnosis(store, tag, world_size, timeout_s));
     }
+    if (all.rfind(kFailed, 0) == 0) {
+      try {
+        store.add(seen_key, 1);  // rank 0 may stop serving now
+      } catch (const CommError&) {
+      }
+      throw CommError(fmt::format("{} (reported by rank 0, which serves the store)", all.substr(std::strlen(kFailed))));
+    }
+    return split_lines(all);
   }
   auto deadline = deadline_after(timeout_s);
   std::vector<bool> arrived(world_size, false);
@@ -249,9 +309,21 @@ std::vector<std::string> rendezvous(Store& store, const std::string& tag, int ra
     }
     if (missing.empty()) break;
     if (Clock::now() > deadline) {
-      throw CommError(fmt::format("rendezvous '{}': rank{} {} of {} did not arrive within {:.0f} s "
-                                  "(comm.startup_timeout_s)", tag, missing.size() > 1 ? "s" : "",
-                                  fmt::join(missing, ", "), world_size, timeout_s));
+      std::string late = progress::diagnose();  // how the missing ones stand, when on this node
+      std::string msg = fmt::format("rendezvous '{}': rank{} {} of {} did not arrive within {:.0f} s "
+                                    "(comm.startup_timeout_s){}{}", tag, missing.size() > 1 ? "s" : "",
+                                    fmt::join(missing, ", "), world_size, timeout_s, late.empty() ? "" : "; ", late);
+      // the verdict for the ranks that did arrive (they wait for the list), then keep serving
+      // the store until they have read it (at most 2 s)
+      int readers = world_size - static_cast<int>(missing.size()) - 1;
+      try {
+        store.set_string(all_key, kFailed + msg);
+        auto until = deadline_after(std::min(2.0, timeout_s));
+        while (store.add(seen_key, 0) < readers && Clock::now() < until)
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      } catch (const CommError&) {
+      }
+      throw CommError(msg);
     }
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::milliseconds(100));

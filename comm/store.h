@@ -72,7 +72,8 @@ class TcpStore : public Store {
 };
 
 // The store of this run from its identity: TcpStore on MASTER_ADDR:MASTER_PORT (rank 0 serves
-// unless the torchrun agent does). UserError naming MASTER_ADDR/MASTER_PORT when absent.
+// unless the torchrun agent does). UserError naming MASTER_ADDR/MASTER_PORT when absent. A
+// client that cannot connect adds the board's word on rank 0 (stopped, dead, never started).
 std::unique_ptr<Store> make_store(const Identity& id, double timeout_s);
 
 // The one store of a run's start-up: make_store() for a launch without MPI of more than one
@@ -83,8 +84,15 @@ std::shared_ptr<Store> startup_store(const Identity& id, double timeout_s);
 
 // Every rank registers `info` under `tag`; rank 0 waits up to timeout_s for all, then
 // publishes the list; the others wait for it. Returns every rank's info (index = rank).
-// CommError on rank 0: "rendezvous 'tag': ranks 2, 5 of 8 did not arrive within 30 s";
-// on the others: "rendezvous 'tag': rank 0 did not complete it within 30 s".
+// CommError on rank 0: "rendezvous 'tag': ranks 2, 5 of 8 did not arrive within 30 s" (+ this
+// node's progress board on them); rank 0 publishes that verdict in place of the list and keeps
+// serving until the others have read it (at most 2 s), so they end with the same line ("...
+// (reported by rank 0, which serves the store)"). A rank that gets no verdict (it waits
+// timeout_s + 1.5 s) names what it can tell: the ranks the store has no record of ("rendezvous
+// 'tag': rank 0 did not complete it within 30 s (the store has no record of rank 2: ...)"), or,
+// when the store is gone, rank 0 as "the store host is gone" only when the board shows it dead
+// or never started (else "ended on an error of its own" or "lost the connection"), plus the
+// board's diagnosis (comm/progress.h).
 std::vector<std::string> rendezvous(Store& store, const std::string& tag, int rank, int world_size,
                                     const std::string& info, double timeout_s);
 

@@ -64,6 +64,7 @@ void write_str(const char* s) {
 }
 
 void on_signal(int sig) {
+  progress::mark_ending();  // ended by the launcher: never the culprit to the others (comm/progress.h)
   if (g_ending.load()) _exit(kExitComm);  // already failing (its own message is out): just go
   const char* name = sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : "SIGHUP";
   bool any = false;

@@ -16,7 +16,7 @@
 #   - SIGINT, SIGTERM and SIGUSR1 sent to this script are forwarded to every rank (a second
 #     Ctrl-C is forwarded again, which forces the ranks out);
 #   - when a rank ends with a code other than 0 or 4 (4 = preempted: state written, docs/launch.md),
-#     the others get SIGTERM, then SIGKILL after
+#     the others get SIGTERM (and SIGCONT, so that a stopped rank ends too), then SIGKILL after
 #     DFLASH_LOCAL_GRACE_S (default 10) seconds; the script exits with the code of the rank that
 #     failed first (128+N when it was killed by signal N). Otherwise it exits with the highest
 #     code of the ranks (0 when all succeeded).
@@ -58,11 +58,11 @@ export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}   # NVLink multicast off (H200 ho
 # export NCCL_DEBUG=WARN                          # INFO prints the chosen transports (P2P/NVLink, SHM)
 # export NCCL_P2P_DISABLE=1                       # debug only: force the SHM path between GPUs
 
-free_port() {  # a port in 20000..59999 that nothing listens on
-  local p _i
+free_port() {  # a port in 20000..32767 that no TCP socket uses (below Linux's ephemeral range, so
+  local p _i  # that no outgoing connection takes it between this check and rank 0's bind)
   for _i in $(seq 50); do
-    p=$((20000 + RANDOM % 40000))
-    [ -z "$(ss -Hltn "sport = :$p" 2>/dev/null)" ] && { echo "$p"; return; }
+    p=$((20000 + RANDOM % 12768))
+    [ -z "$(ss -Htan "sport = :$p" 2>/dev/null)" ] && { echo "$p"; return; }
   done
   echo 29500
 }
@@ -98,7 +98,13 @@ while [ ${#live[@]} -gt 0 ]; do
   done_pid=""
   wait -n -p done_pid "${live[@]}" 2>/dev/null  # (bash's own "Killed" notice: we say it below)
   rc=$?
-  if [ -z "$done_pid" ]; then continue; fi  # a trapped signal interrupted the wait
+  if [ -z "${done_pid:-}" ]; then  # a trapped signal interrupted the wait (wait -p unsets it first)
+    if [ "$rc" = 127 ]; then  # no such child left to wait for: drop the ranks that are gone
+      rest=(); for p in "${live[@]}"; do kill -0 "$p" 2>/dev/null && rest+=("$p"); done
+      live=("${rest[@]}")
+    fi
+    continue
+  fi
   rest=(); for p in "${live[@]}"; do [ "$p" != "$done_pid" ] && rest+=("$p"); done
   live=("${rest[@]}")
   r=$(rank_of "$done_pid")
@@ -107,7 +113,9 @@ while [ ${#live[@]} -gt 0 ]; do
     first_fail=$rc
     if alive; then
       say "rank $r exited with code $rc; stopping the other rank(s) (SIGTERM, SIGKILL after $GRACE s)"
-      for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
+      # SIGCONT after SIGTERM (as systemd does): a stopped rank handles its SIGTERM now instead
+      # of waiting for the SIGKILL
+      for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; kill -CONT "$p" 2>/dev/null || true; done
       ( sleep "$GRACE"; for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done ) &
       killer=$!
     else

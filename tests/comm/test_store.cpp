@@ -7,6 +7,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <memory>
 #include <thread>
 
 #include "core/error.h"
@@ -134,4 +136,78 @@ TEST(TcpStore, ConnectFailureNamesAddress) {
   } catch (const dflash::CommError& e) {
     EXPECT_NE(std::string(e.what()).find("127.0.0.1:" + std::to_string(port)), std::string::npos) << e.what();
   }
+}
+
+// Rank 2 of 4 never arrives: rank 0 names it at its deadline, and the ranks that did arrive
+// learn rank 0's verdict through the store (they name rank 2 too, not rank 0, and end at rank
+// 0's deadline instead of their own, which is 1.5 s later).
+TEST(HashStore, RendezvousVerdictOfRankZeroReachesTheOthers) {
+  HashStore s;
+  std::vector<std::string> msg(4);
+  std::vector<double> took(4, 0);
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> th;
+  for (int r : {0, 1, 3})
+    th.emplace_back([&, r] {
+      try {
+        rendezvous(s, "start", r, 4, "h", 0.5);
+      } catch (const dflash::CommError& e) {
+        msg[r] = e.what();
+      }
+      took[r] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    });
+  for (auto& t : th) t.join();
+  EXPECT_NE(msg[0].find("rank 2 of 4 did not arrive"), std::string::npos) << msg[0];
+  for (int r : {1, 3}) {
+    EXPECT_NE(msg[r].find("rank 2 of 4 did not arrive"), std::string::npos) << msg[r];
+    EXPECT_NE(msg[r].find("reported by rank 0"), std::string::npos) << msg[r];
+    EXPECT_LT(took[r], 1.5) << "rank " << r << " waited for its own deadline (0.5 + 1.5 s)";
+  }
+}
+
+// Rank 0 never runs the rendezvous, the store still answers: a waiting rank says which ranks
+// the store has no record of (rank 2), from the store itself.
+TEST(HashStore, RendezvousWithoutRankZeroNamesWhoNeverCheckedIn) {
+  HashStore s;
+  std::string msg1;
+  std::thread r3([&] {
+    try {
+      rendezvous(s, "start", 3, 4, "h3", 0.2);
+    } catch (const dflash::CommError&) {
+    }
+  });
+  try {
+    rendezvous(s, "start", 1, 4, "h1", 0.2);
+  } catch (const dflash::CommError& e) {
+    msg1 = e.what();
+  }
+  r3.join();
+  EXPECT_NE(msg1.find("rank 0 did not complete it"), std::string::npos) << msg1;
+  EXPECT_NE(msg1.find("the store has no record of rank 2: it did not arrive"), std::string::npos) << msg1;
+}
+
+// The store host goes away in the middle of the rendezvous (no progress board in this process:
+// nothing is known about rank 0): the waiting rank says the connection was lost and does not
+// claim that rank 0 died, nor waits for its deadline.
+TEST(TcpStore, RendezvousLostStoreHostIsReportedAsSuch) {
+  int port = free_port();
+  auto server = std::make_unique<TcpStore>("127.0.0.1", port, true, 10, "p/");
+  TcpStore client("127.0.0.1", port, false, 10, "p/");
+  std::string msg;
+  auto t0 = std::chrono::steady_clock::now();
+  std::thread r1([&] {
+    try {
+      rendezvous(client, "start", 1, 2, "h1", 5);
+    } catch (const dflash::CommError& e) {
+      msg = e.what();
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  server.reset();
+  r1.join();
+  double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(msg.find("lost the connection to the store"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("rank 0 (pid"), std::string::npos) << msg;
+  EXPECT_EQ(msg.find("is gone"), std::string::npos) << msg;
+  EXPECT_LT(took, 4.0) << msg;
 }
