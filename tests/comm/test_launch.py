@@ -136,7 +136,7 @@ def test_fault_kill9_from_outside():
     seen = []
     for line in proc.stdout:  # until rank 2 reports that it stalls mid-stream
         seen.append(line)
-        if "injecting 'hang' at 41" in line:
+        if "injecting 'hang' at batch 41" in line:
             break
     victim = None
     for pid in leftovers(marker):
