@@ -122,7 +122,7 @@ void on_preempt_signal(int sig) {
   if (sig == SIGTERM && g_under_mpirun)
     write_str("; if this SIGTERM came from mpirun (Ctrl-C, kill of mpirun), mpirun kills the ranks within a "
               "second and the next launch resumes from the last regular state: to stop with a state, send "
-              "SIGUSR1 to mpirun");
+              "SIGUSR1 to mpirun, or launch with launch/mpirun.sh (it turns SIGTERM/SIGINT into SIGUSR1)");
   for (Slot& s : g_slots) {
     if (!s.used.load(std::memory_order_acquire)) continue;
     write_str("; blocked in ");

@@ -11,7 +11,10 @@
 #                 remote ranks over ssh (or MPIRUN_ARGS="--mca plm_rsh_agent SCRIPT")
 #   MPIRUN_ARGS   extra mpirun options (word-split), e.g. "--mca btl_tcp_if_include ib0"
 #   DFLASH_BIN    default build/trainer/dflash_rank (the same path on every node)
-# Signals: mpirun forwards SIGUSR1/SIGUSR2 to every rank and ends them on SIGTERM/SIGINT.
+# Signals: SIGTERM and SIGINT (scancel, a time limit, Ctrl-C) and SIGUSR1 to this script become a
+# SIGUSR1 to mpirun, which forwards it to every rank: they stop after the same step, write a state
+# and exit 4 (docs/launch.md, preemption); a second SIGTERM/SIGINT ends mpirun at once (no state).
+# (Raw mpirun ends its ranks within a second on SIGTERM/SIGINT, before they can write a state.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CONFIG=${1:-configs/qwen3-8b.yaml}; shift || true
@@ -33,7 +36,30 @@ export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}    # NVLink multicast off (the H2
 # export NCCL_DEBUG=WARN                          # INFO prints rings/trees and transports at start
 # Several nodes over TCP (no InfiniBand): also MPIRUN_ARGS="--mca btl self,tcp --mca btl_tcp_if_include eth0"
 
-# --bind-to none: each rank drives one GPU with its own threads
+# --bind-to none: each rank drives one GPU with its own threads. mpirun runs in the background of
+# this shell so that the signals above reach the trap (a background job ignores the terminal's
+# SIGINT; the ranks are in process groups of their own).
 # shellcheck disable=SC2086
-exec mpirun -np "$NP" "${hosts[@]}" --bind-to none -x NCCL_NVLS_ENABLE ${MPIRUN_ARGS:-} \
-  "$BIN" --config "$CONFIG" "$@"
+mpirun -np "$NP" "${hosts[@]}" --bind-to none -x NCCL_NVLS_ENABLE ${MPIRUN_ARGS:-} \
+  "$BIN" --config "$CONFIG" "$@" &
+pid=$!
+stops=0
+# shellcheck disable=SC2317  # called from the traps
+on_stop() {
+  stops=$((stops + 1))
+  if [ "$stops" = 1 ]; then
+    echo "launch: $1: every rank writes a state after its current step and exits 4 (send it again to end at once)" >&2
+    kill -USR1 "$pid" 2>/dev/null || true
+  else
+    kill -TERM "$pid" 2>/dev/null || true
+  fi
+}
+trap 'on_stop SIGTERM' TERM
+trap 'on_stop SIGINT' INT
+trap 'kill -USR1 "$pid" 2>/dev/null || true' USR1
+rc=0
+while :; do
+  rc=0; wait "$pid" || rc=$?
+  kill -0 "$pid" 2>/dev/null || break  # a trapped signal interrupts wait: mpirun still runs
+done
+exit "$rc"

@@ -157,3 +157,31 @@ def test_sigterm_to_mpirun_loses_no_consistency(assets, straight, tmp_path):
     assert oc.step_losses(run_dir) == oc.step_losses(straight)
     assert oc.export_bytes(run_dir) == oc.export_bytes(straight)
 
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signal_to_the_mpirun_launcher_saves_a_state(assets, straight, tmp_path, sig):
+    """launch/mpirun.sh turns SIGTERM/SIGINT (scancel, a time limit, Ctrl-C) into a SIGUSR1 for
+    mpirun, so a state is written and the script returns 4, where raw mpirun (above) kills its
+    ranks within a second; the relaunch resumes and matches an uninterrupted run."""
+    run_dir = str(tmp_path / "run")
+    e = oc.env(NP=NP, DFLASH_BIN=oc.RANK_BIN)
+    proc = subprocess.Popen(["bash", os.path.join(oc.SRC, "launch", "mpirun.sh"), oc.DEMO, *args(assets, run_dir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=e,
+                            start_new_session=True)
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None and steps_done(run_dir) < 3:
+        time.sleep(0.01)
+    assert proc.poll() is None, "the run ended before the signal:\n" + proc.stdout.read()[-3000:]
+    os.kill(proc.pid, sig)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 4, (proc.returncode, out[-4000:])
+    assert f"launch: {sig.name}: every rank writes a state" in out, out[-4000:]
+    stops = set(re.findall(r"preempted: stopped after step (\d+)", out))
+    assert len(stops) == 1, out[-4000:]
+    n = int(stops.pop())
+    assert n < STEPS and os.path.exists(os.path.join(run_dir, "checkpoints", f"step-{n:08d}", "meta.json"))
+    p = oc.mpirun(NP, args(assets, run_dir))  # the requeued job: the same command
+    assert p.returncode == 0, p.all[-3000:]
+    assert oc.step_losses(run_dir) == oc.step_losses(straight)
+    assert oc.export_bytes(run_dir) == oc.export_bytes(straight)
