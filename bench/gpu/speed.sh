@@ -16,20 +16,10 @@
 #   bash bench/gpu/speed.sh BUILD_DIR OUT_DIR          (bash bench/gpu/run_all.sh speed)
 # targets: dflash_rank drafter_bench target_bench
 set -uo pipefail
-BUILD=$(realpath "${1:?usage: speed.sh BUILD_DIR OUT_DIR}")
-OUT=${2:?usage: speed.sh BUILD_DIR OUT_DIR}
-mkdir -p "$OUT"; OUT=$(realpath "$OUT")
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$ROOT"
-source tools/mpi_env.sh
-export NCCL_NVLS_ENABLE=0
-PY=${DFLASH_PYTHON:-python3}
-WORK=${DFLASH_BENCH_WORK:-/tmp/dflash-pipeline-bench}   # shared with pipeline.sh (the random target)
-mkdir -p "$WORK"
-SUMMARY=$OUT/speed_summary.txt
-ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
-echo "speed.sh: $(date -u +%FT%TZ) host $(hostname) GPUs ${ngpu:-0}" | tee "$SUMMARY"
-if [ "${ngpu:-0}" -lt 1 ]; then echo "SKIP: no GPU" | tee -a "$SUMMARY"; exit 0; fi
+# shellcheck source-path=SCRIPTDIR source=lib/common.sh
+source "$(dirname "$0")/lib/common.sh"
+bench_setup speed /tmp/dflash-pipeline-bench "$@"   # the work folder of pipeline.sh (the random target)
+bench_need_gpus 1
 rc=0
 
 # 1. the drafter's full step at both shapes
@@ -47,23 +37,7 @@ timeout 120 "$BUILD/bench/target_bench" forward --shapes 4x3072 --iters 5 --json
 echo "## target capture forward 4x3072" | tee -a "$SUMMARY"; grep -A2 "^shape" "$OUT/target_4x3072.txt" | tee -a "$SUMMARY"
 
 # the random target and the data of pipeline.sh
-if [ ! -f "$WORK/qwen3-8b/config.json" ]; then
-  "$BUILD/bench/target_bench" write-checkpoint "$WORK/qwen3-8b" --shards 5 2>&1 | tail -1
-fi
-"$PY" - "$WORK/data" <<'PYEOF'
-import os, sys
-import numpy as np
-sys.path.insert(0, "tools")
-import dflash_shard
-out = sys.argv[1]
-os.makedirs(out, exist_ok=True)
-rng = np.random.default_rng(0)
-docs = []
-for _ in range(240):  # 240 x 3072 tokens: prompt 512 (mask 0), response 2560 (mask 1)
-    ids = rng.integers(0, 151643, 3072)
-    docs.append((ids, np.r_[np.zeros(512, np.int64), np.ones(2560, np.int64)]))
-dflash_shard.write_shard(os.path.join(out, "random-00000.dfshard"), docs, 151936)
-PYEOF
+bench_random_target_and_data
 
 common=(target.model_dir="$WORK/qwen3-8b" "data.shards=[$WORK/data]" train.max_steps=50 log.interval=10
         checkpoint.state_every=0 checkpoint.export_every=0 comm.timeout_s=600)
