@@ -3,6 +3,7 @@ test module in a temporary directory), a small config, and launchers for dflash_
 (one process, layout.colocated) and under mpirun (the settings of tools/mpi_env.sh)."""
 import json
 import os
+import shutil
 import re
 import signal
 import subprocess
@@ -36,6 +37,19 @@ def make_assets(root):
     target = make_tiny_target.make(os.path.join(root, "target"), seed=0)
     data = make_demo_data.make(target, os.path.join(root, "data"), num_docs=96, new_tokens=40, prompt_lens=(8, 16))
     return target, data
+
+
+def mpi_assets(tmp_path_factory, name):
+    """The body of the module fixtures of the mpirun tests: (root, target, data), or a skip when
+    dflash_rank is not built or mpirun is missing."""
+    import pytest
+    if not os.path.exists(RANK_BIN):
+        pytest.skip(f"{RANK_BIN} not built")
+    if shutil.which("mpirun") is None:
+        pytest.skip("mpirun not found")
+    root = str(tmp_path_factory.mktemp(name))
+    target, data = make_assets(root)
+    return root, target, data
 
 
 def overrides(target, data, run_dir, **extra):

@@ -30,13 +30,7 @@ STEPS = 12
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
-    if not os.path.exists(oc.RANK_BIN):
-        pytest.skip(f"{oc.RANK_BIN} not built")
-    if shutil.which("mpirun") is None:
-        pytest.skip("mpirun not found")
-    root = str(tmp_path_factory.mktemp("rundir"))
-    target, data = oc.make_assets(root)
-    return root, target, data
+    return oc.mpi_assets(tmp_path_factory, "rundir")
 
 
 def args(assets, run_dir, **extra):
