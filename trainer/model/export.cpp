@@ -229,8 +229,10 @@ void check_drafter_tensors(const std::string& dir, const DrafterSpec& spec) {
   for (auto& [name, shape] : spec.param_shapes()) {
     const st::TensorInfo& ti = f.info(prefix + name);
     if (ti.shape != shape)
-      throw_user("drafter {}: tensor '{}' in {} has shape [{}], but {}/config.json implies [{}]", dir, prefix + name,
-                 ti.file, fmt::join(ti.shape, ", "), dir, fmt::join(shape, ", "));
+      throw_user("drafter {}: tensor '{}' in {} has shape [{}], but {}/config.json implies [{}] (from hidden_size {}, "
+                 "intermediate_size {}, num_attention_heads {}, num_key_value_heads {}, head_dim {}, {} target_layer_ids)",
+                 dir, prefix + name, ti.file, fmt::join(ti.shape, ", "), dir, fmt::join(shape, ", "), spec.hidden_size,
+                 spec.intermediate_size, spec.num_heads, spec.num_kv_heads, spec.head_dim, spec.num_features());
   }
 }
 
