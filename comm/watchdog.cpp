@@ -92,8 +92,8 @@ std::atomic<int> g_preempt_signal{0};        // the first SIGTERM/SIGUSR1 after 
 std::atomic<int64_t> g_preempt_since_ns{0};  // when it arrived
 std::atomic<int64_t> g_preempt_deadline_ns{0};
 std::atomic<int64_t> g_preempted_at{-1};
-// Under Open MPI's mpirun (set by arm_preemption): a SIGTERM is usually mpirun's own stop (Ctrl-C,
-// kill of mpirun), and mpirun sends SIGKILL odls_base_sigkill_timeout (1) s later.
+// Under Open MPI's mpirun (set by arm_preemption): a SIGTERM from mpirun is its own stop (a rank
+// failed, Ctrl-C, kill of mpirun), and mpirun sends SIGKILL odls_base_sigkill_timeout (1) s later.
 bool g_under_mpirun = false;
 
 int64_t now_ns_signal_safe() {
@@ -102,7 +102,13 @@ int64_t now_ns_signal_safe() {
   return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
 
-void on_preempt_signal(int sig) {
+void on_preempt_signal(int sig, siginfo_t* info, void*) {
+  // Under mpirun a SIGTERM from the parent (mpirun or its orted) is the launcher ending the job
+  // (a rank failed, or mpirun itself was stopped) and SIGKILL follows within a second: no state
+  // can be written, so it is handled as before preemption existed: one error line naming what this
+  // rank was blocked on (the dead peer), exit 3. A SIGTERM from anyone else (scancel, a scheduler,
+  // kill) is a preemption request.
+  if (sig == SIGTERM && g_under_mpirun && info && info->si_pid == getppid()) on_signal(sig);
   const char* name = sig == SIGTERM ? "SIGTERM" : sig == SIGUSR1 ? "SIGUSR1" : sig == SIGINT ? "SIGINT" : "SIGHUP";
   int expected = 0;
   if ((sig != SIGTERM && sig != SIGUSR1) || !g_preempt_signal.compare_exchange_strong(expected, sig)) {
@@ -119,10 +125,6 @@ void on_preempt_signal(int sig) {
   write_str(name);
   write_str(": the run saves a state at the next step boundary the ranks agree on, then exits with code 4 (a "
             "second signal exits now)");
-  if (sig == SIGTERM && g_under_mpirun)
-    write_str("; if this SIGTERM came from mpirun (Ctrl-C, kill of mpirun), mpirun kills the ranks within a "
-              "second and the next launch resumes from the last regular state: to stop with a state, send "
-              "SIGUSR1 to mpirun, or launch with launch/mpirun.sh (it turns SIGTERM/SIGINT into SIGUSR1)");
   for (Slot& s : g_slots) {
     if (!s.used.load(std::memory_order_acquire)) continue;
     write_str("; blocked in ");
@@ -304,9 +306,9 @@ void arm_preemption(double deadline_s) {
   g_under_mpirun = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr;
   struct sigaction sa;
   std::memset(&sa, 0, sizeof(sa));
-  sa.sa_handler = on_preempt_signal;
+  sa.sa_sigaction = on_preempt_signal;
   sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART;
+  sa.sa_flags = SA_RESTART | SA_SIGINFO;
   for (int sig : {SIGTERM, SIGUSR1, SIGINT, SIGHUP}) sigaction(sig, &sa, nullptr);
   static std::once_flag once;
   std::call_once(once, [] { std::thread(preempt_deadline_loop).detach(); });

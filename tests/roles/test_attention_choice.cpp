@@ -94,7 +94,7 @@ TEST(AttentionChoice, UnknownValueIsRejectedAtLoad) {
     with("flash");
     FAIL() << "accepted drafter.attention=flash";
   } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find("key 'drafter.attention' must be auto, kernel or sdpa, got 'flash'"),
+    EXPECT_NE(std::string(e.what()).find("key 'drafter.attention' must be one of auto, kernel, sdpa, got 'flash'"),
               std::string::npos) << e.what();
   }
 }
