@@ -142,8 +142,8 @@ struct DrafterTrainer::Impl {
   double startup_s = -1, load_s = -1, first_step_s = -1, first_wait_s = -1;
 
   Impl(const RoleContext& c, int64_t jj, int wr)
-      : ctx(c), p(c.plan), cfg(c.cfg), j(jj), world_rank(wr), tl(c.plan.device),
-        step(kNumStats + 2 * (c.plan.spec.block_size - 1), 0.0), interval(step.size(), 0.0) {}
+      : ctx(c), p(c.plan), cfg(c.cfg), j(jj), world_rank(wr),
+        step(kNumStats + 2 * (c.plan.spec.block_size - 1), 0.0), interval(step.size(), 0.0), tl(c.plan.device) {}
   bool leader() const { return j == 0; }
   // The time-to-first-step fields (metrics.h), < 0 where not known yet.
   metrics::StepMetrics first_step() const {
