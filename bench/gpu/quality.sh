@@ -214,7 +214,8 @@ train_eval() {
     [ -f "$dir/exports/final/config.json" ] || { say "training $name not finished: run the stage again"; return 1; }
   fi
   cp "$dir/metrics.jsonl" "$OUT/metrics_$name.jsonl"
-  [ -f "$OUT/eval_$name.json" ] && return 0
+  # done in an earlier call (state in $S; $OUT is emptied by each device call)
+  [ -f "$S/eval_$name.json" ] && { cp "$S/eval_$name.json" "$OUT/eval_$name.json"; return 0; }
   have_eval || { say "SKIP eval: dflash_rank eval is not in this tree"; return 0; }
   step "dflash_rank eval $name on $Q_EVAL_PROMPTS held-out prompts" 240
   [ "$T" -gt 0 ] || return 1

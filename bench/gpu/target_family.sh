@@ -23,6 +23,11 @@ for cfg in qwen3-30b-a3b qwen3.5-9b; do
     DFLASH_TARGET_MOE=loop timeout 200 "$BUILD/bench/target_family_bench" --config $cfg --shapes 8x2048 --iters 3 \
       > "$OUT/dflash_${cfg}_loop.txt" 2>&1; tail -2 "$OUT/dflash_${cfg}_loop.txt"
   fi
+  if [ $cfg = qwen3.5-9b ]; then
+    echo "--- dflash $cfg, the delta rule's triangular systems by cuBLAS trsm (DFLASH_TARGET_DELTANET=trsm)"
+    DFLASH_TARGET_DELTANET=trsm timeout 200 "$BUILD/bench/target_family_bench" --config $cfg --shapes 8x2048 --iters 3 \
+      > "$OUT/dflash_${cfg}_trsm.txt" 2>&1; tail -2 "$OUT/dflash_${cfg}_trsm.txt"
+  fi
   echo "--- transformers $cfg"
   timeout 300 python3 bench/target_family_bench_hf.py --config $cfg --shapes $SHAPES --iters 5 \
     --json "$OUT/hf_$cfg.json" --dflash-json "$OUT/dflash_$cfg.json" > "$OUT/hf_$cfg.txt" 2>&1 || rc=1

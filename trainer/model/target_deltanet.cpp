@@ -3,9 +3,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <string>
 
 #include <ATen/ATen.h>
+
+#include "core/error.h"
 
 namespace dflash::model {
 
@@ -50,7 +54,51 @@ at::Tensor gated_out(const at::Tensor& o, const at::Tensor& proj, const DeltaNet
   return at::mm(y.reshape({N, s.value_dim()}), w.w_out.t());
 }
 
+bool use_trsm() {
+  static const bool trsm = [] {
+    const char* e = std::getenv(kDeltaNetSolveEnv);
+    std::string v = e ? e : "inverse";
+    if (v != "inverse" && v != "trsm") throw_user("{}={}: expected inverse or trsm", kDeltaNetSolveEnv, v);
+    return v == "trsm";
+  }();
+  return trsm;
+}
+
 }  // namespace
+
+at::Tensor unit_lower_inverse(const at::Tensor& t_in) {
+  const int64_t n = t_in.size(-1);
+  int64_t p = 1;
+  while (p < n) p *= 2;
+  std::vector<int64_t> shape(t_in.sizes().begin(), t_in.sizes().end());
+  at::Tensor t = t_in.reshape({-1, n, n});
+  const int64_t bt = t.size(0);
+  if (p != n) {  // [T 0; 0 I] has the inverse [T^-1 0; 0 I]: pad, invert, cut
+    at::Tensor tp = at::zeros({bt, p, p}, t.options());
+    tp.narrow(1, 0, n).narrow(2, 0, n).copy_(t);
+    t = tp;
+  } else {
+    t = t.contiguous();
+  }
+  // Bottom-up over block sizes b = 1, 2, 4, ...: the diagonal b-blocks of m are inverted (b = 1:
+  // the unit diagonal); each pair of them closes into a 2b-block by
+  //   [A 0; C D]^-1 = [A^-1 0; -D^-1 C A^-1  D^-1]
+  // with C the strictly lower block of t, all pairs of a level as one batched product.
+  at::Tensor m = at::eye(p, t.options()).expand({bt, p, p}).contiguous();
+  for (int64_t b = 1; b < p; b *= 2) {
+    const int64_t nb = p / (2 * b);
+    auto blocks = [&](const at::Tensor& x) {  // the diagonal 2b-blocks, a view [bt, nb, 2b, 2b]
+      return x.view({bt, nb, 2 * b, nb, 2 * b}).diagonal(0, 1, 3).permute({0, 3, 1, 2});
+    };
+    at::Tensor tb = blocks(t), mb = blocks(m);
+    at::Tensor a_inv = mb.narrow(2, 0, b).narrow(3, 0, b);
+    at::Tensor d_inv = mb.narrow(2, b, b).narrow(3, b, b);
+    at::Tensor c = tb.narrow(2, b, b).narrow(3, 0, b);
+    mb.narrow(2, b, b).narrow(3, 0, b).copy_(at::matmul(d_inv, at::matmul(c, a_inv)).neg_());
+  }
+  if (p != n) m = m.narrow(1, 0, n).narrow(2, 0, n);
+  return m.reshape(shape);
+}
 
 std::pair<at::Tensor, at::Tensor> gated_delta_rule_chunked(const at::Tensor& q_in, const at::Tensor& k_in,
                                                            const at::Tensor& v_in, const at::Tensor& g_in,
@@ -84,13 +132,20 @@ std::pair<at::Tensor, at::Tensor> gated_delta_rule_chunked(const at::Tensor& q_i
   at::Tensor intra = at::matmul(q, k.transpose(-1, -2)) * decay;
   at::Tensor ecum = cum.exp().unsqueeze(-1);
   // (I + strictly_lower(ut))^-1 applied to beta v and to the decayed beta k (the UT transform).
-  at::Tensor u = at::linalg_solve_triangular(ut, v_beta, /*upper=*/false, /*left=*/true, /*unitriangular=*/true);
-  at::Tensor w = at::linalg_solve_triangular(ut, k_beta * ecum, false, true, true);
+  at::Tensor u, w;
+  if (use_trsm()) {
+    u = at::linalg_solve_triangular(ut, v_beta, /*upper=*/false, /*left=*/true, /*unitriangular=*/true);
+    w = at::linalg_solve_triangular(ut, k_beta * ecum, false, true, true);
+  } else {  // one inverse for both right-hand sides: batched small trsm is slow on CUDA
+    at::Tensor inv = unit_lower_inverse(ut);
+    u = at::matmul(inv, v_beta);
+    w = at::matmul(inv, k_beta * ecum);
+  }
   at::Tensor last = cum.narrow(-1, C - 1, 1);  // [B, nv, N, 1]
   at::Tensor qd = q * ecum;
   at::Tensor kd = k * (last - cum).exp().unsqueeze(-1);
   at::Tensor chunk_decay = last.exp().unsqueeze(-1);  // [B, nv, N, 1, 1]
-  at::Tensor S = initial.defined() ? initial.to(at::kFloat).clone() : at::zeros({B, nv, dk, dv}, q.options());
+  at::Tensor S = initial.defined() ? initial.to(q.scalar_type()).clone() : at::zeros({B, nv, dk, dv}, q.options());
   at::Tensor out = at::empty({B, nv, N, C, dv}, q.options());
   for (int64_t i = 0; i < N; ++i) {
     at::Tensor vn = u.select(2, i) - at::matmul(w.select(2, i), S);

@@ -11,8 +11,11 @@
 // Packed streams: every document starts from a zero conv window and a zero state (positions
 // restart, nothing leaks), or, for a cache, from the cached state of its row. The packed forward computes the rule chunkwise (chunks of 64 inside
 // each document (fewer for short extends: a decode step is one chunk of one token), the
-// UT-transform form: intra-chunk work as batched matmuls and two triangular solves, one
-// sequential step per chunk) in float32.
+// UT-transform form: intra-chunk work as batched matmuls, the unit lower triangular system of
+// the chunk inverted once by blocks (unit_lower_inverse) and applied to both right-hand sides,
+// one sequential step per chunk) in float32. DFLASH_TARGET_DELTANET=trsm solves the two systems
+// with at::linalg_solve_triangular instead (the oracle; cuBLAS' batched trsm is slow on these
+// many small systems).
 //
 // Owns: nothing but the per-layer weights struct. Thread-safety: stateless functions.
 #pragma once
@@ -53,6 +56,14 @@ struct DeltaNetState {
 at::Tensor deltanet_forward(const at::Tensor& x, const std::vector<int64_t>& cu, const DeltaNetWeights& w,
                             const DeltaNetSpec& s, DeltaNetState* state = nullptr,
                             const at::Tensor& rows = {});
+
+// Environment knob: "inverse" (default) or "trsm" (see above). Read once per process.
+constexpr const char* kDeltaNetSolveEnv = "DFLASH_TARGET_DELTANET";
+
+// (I + strictly_lower(t))^-1 for t [..., n, n] (its diagonal and upper part are not read), by
+// recursive 2x2 blocking, all blocks of a level in one batched product; any n (padded to a power
+// of two). Same dtype and shape as t.
+at::Tensor unit_lower_inverse(const at::Tensor& t);
 
 // The gated delta rule alone, chunkwise, for a batch of zero-initialised sequences of equal
 // (padded) length: q, k [B, L, nv, dk] (already normalised, scaled, head-expanded), v
