@@ -11,9 +11,10 @@ OUT=$2
 cd "$(dirname "$0")/../.."
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-SHAPES=${DFLASH_FAMILY_SHAPES:-8x2048,4x4096}
+SHAPES=${DFLASH_FAMILY_SHAPES:-8x2048,4x4096}   # DFLASH_FAMILY_CONFIGS: a subset of the two configs
 rc=0
-for cfg in qwen3-30b-a3b qwen3.5-9b; do
+CONFIGS=${DFLASH_FAMILY_CONFIGS:-qwen3-30b-a3b qwen3.5-9b}
+for cfg in $CONFIGS; do
   echo "--- dflash $cfg ($SHAPES)"
   timeout 200 "$BUILD/bench/target_family_bench" --config $cfg --shapes $SHAPES --iters 5 \
     --json "$OUT/dflash_$cfg.json" > "$OUT/dflash_$cfg.txt" 2>&1 || rc=1
@@ -33,7 +34,7 @@ for cfg in qwen3-30b-a3b qwen3.5-9b; do
     --json "$OUT/hf_$cfg.json" --dflash-json "$OUT/dflash_$cfg.json" > "$OUT/hf_$cfg.txt" 2>&1 || rc=1
 done
 echo "--- tables"
-for cfg in qwen3-30b-a3b qwen3.5-9b; do
+for cfg in $CONFIGS; do
   sed -n '/^qwen3/,$p' "$OUT/hf_$cfg.txt" 2>/dev/null || tail -5 "$OUT/hf_$cfg.txt"
 done
 exit $rc

@@ -2,6 +2,7 @@
 #include "trainer/model/target_deltanet.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <limits>
@@ -64,7 +65,23 @@ bool use_trsm() {
   return trsm;
 }
 
+std::atomic<int> g_tf32{-1};  // -1: not read yet (kDeltaNetTf32Env)
+
 }  // namespace
+
+bool deltanet_tf32() {
+  int v = g_tf32.load();
+  if (v < 0) {
+    const char* e = std::getenv(kDeltaNetTf32Env);
+    std::string s = e ? e : "1";
+    if (s != "0" && s != "1") throw_user("{}={}: expected 0 or 1", kDeltaNetTf32Env, s);
+    v = s == "1";
+    g_tf32.store(v);
+  }
+  return v == 1;
+}
+
+void set_deltanet_tf32(bool on) { g_tf32.store(on ? 1 : 0); }
 
 at::Tensor unit_lower_inverse(const at::Tensor& t_in) {
   const int64_t n = t_in.size(-1);
@@ -104,6 +121,21 @@ std::pair<at::Tensor, at::Tensor> gated_delta_rule_chunked(const at::Tensor& q_i
                                                            const at::Tensor& v_in, const at::Tensor& g_in,
                                                            const at::Tensor& beta_in, int64_t C,
                                                            const at::Tensor& initial) {
+  // float32 products on TF32 tensor cores on CUDA (see set_deltanet_tf32), restored on return
+  struct Tf32Scope {
+    bool set = false;
+    at::Float32Precision before = at::Float32Precision::NONE;
+    explicit Tf32Scope(bool on) {
+      if (!on) return;
+      auto& ctx = at::globalContext();
+      before = ctx.float32Precision(at::Float32Backend::CUDA, at::Float32Op::MATMUL);
+      ctx.setFloat32Precision(at::Float32Backend::CUDA, at::Float32Op::MATMUL, at::Float32Precision::TF32);
+      set = true;
+    }
+    ~Tf32Scope() {
+      if (set) at::globalContext().setFloat32Precision(at::Float32Backend::CUDA, at::Float32Op::MATMUL, before);
+    }
+  } tf32(q_in.is_cuda() && deltanet_tf32());
   const int64_t B = q_in.size(0), L = q_in.size(1), nv = q_in.size(2), dk = q_in.size(3);
   const int64_t dv = v_in.size(3);
   const int64_t pad = (C - L % C) % C, Lp = L + pad, N = Lp / C;
@@ -187,14 +219,17 @@ at::Tensor deltanet_forward(const at::Tensor& x, const std::vector<int64_t>& cu,
 
   // Causal depthwise conv per document over [its K - 1 previous inputs (zeros for a new
   // document, the cached window otherwise) ; its tokens]: out[i] = sum_j conv[:, j] ext[i + j].
-  at::Tensor ext = at::zeros({D * (Lmax + K - 1), Cd}, x.options().dtype(at::kFloat));
-  ext.index_copy_(0, conv_dest_t, mixed.to(at::kFloat));
+  // One grouped (depthwise) at::conv1d in the model dtype (cuDNN on CUDA, float32 accumulation;
+  // transformers' torch path does the same), a cross-correlation: out[i] = sum_j w[:, j] ext[i + j].
+  at::Tensor ext = at::zeros({D * (Lmax + K - 1), Cd}, x.options());
+  ext.index_copy_(0, conv_dest_t, mixed);
   ext = ext.view({D, Lmax + K - 1, Cd});
   if (state) ext.narrow(1, 0, K - 1).copy_(state->conv.index_select(0, rows).transpose(1, 2));
-  at::Tensor wf = w.conv.to(at::kFloat);
-  at::Tensor acc = ext.narrow(1, 0, Lmax) * wf.select(1, 0);
-  for (int64_t j = 1; j < K; ++j) acc.add_(ext.narrow(1, j, Lmax) * wf.select(1, j));
-  at::Tensor conv_out = at::silu(acc).to(x.scalar_type()).reshape({D * Lmax, Cd}).index_select(0, dest_t);
+  const int64_t one = 1, zero = 0;
+  at::Tensor conv = at::conv1d(ext.transpose(1, 2), w.conv.to(x.scalar_type()).unsqueeze(1), std::nullopt,
+                               /*stride=*/at::IntArrayRef(one), /*padding=*/at::IntArrayRef(zero),
+                               /*dilation=*/at::IntArrayRef(one), /*groups=*/Cd);  // [D, Cd, Lmax]
+  at::Tensor conv_out = at::silu(conv).transpose(1, 2).reshape({D * Lmax, Cd}).index_select(0, dest_t);
   auto [q, k, v] = prepare_qkv(conv_out, s);
   auto [beta, g] = gates(proj, w, s);
 

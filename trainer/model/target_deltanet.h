@@ -1,7 +1,7 @@
 // Gated DeltaNet token mixer of the qwen3_5 targets' linear_attention layers, in LibTorch.
 //
 // Per layer: one fused projection x -> [qkv (conv_dim) | z (value_dim) | b (nv) | a (nv)]; a
-// causal depthwise conv (kernel K, no bias) + SiLU over qkv; q and k L2-normalised per head
+// causal depthwise conv (kernel K, no bias; one grouped at::conv1d in the model dtype) + SiLU over qkv; q and k L2-normalised per head
 // (eps 1e-6), q scaled by dk^-1/2, each k head shared by nv / nk consecutive value heads;
 // beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias); the gated delta rule per value
 // head with state S [dk, dv]:
@@ -59,6 +59,16 @@ at::Tensor deltanet_forward(const at::Tensor& x, const std::vector<int64_t>& cu,
 
 // Environment knob: "inverse" (default) or "trsm" (see above). Read once per process.
 constexpr const char* kDeltaNetSolveEnv = "DFLASH_TARGET_DELTANET";
+
+// On CUDA the float32 products of the chunked rule (the intra-chunk matmuls, the inverse, the
+// per-chunk state updates) run on TF32 tensor cores by default: operands keep 10 mantissa bits,
+// more than the bf16 operands of flash-linear-attention's kernels that serve these models, with
+// float32 accumulation; the elementwise work stays float32. DFLASH_TARGET_DELTANET_TF32=0 (or
+// set_deltanet_tf32(false)) keeps IEEE float32; target_family_bench reports the difference of the
+// captured states between the two. No effect on CPU.
+constexpr const char* kDeltaNetTf32Env = "DFLASH_TARGET_DELTANET_TF32";
+bool deltanet_tf32();
+void set_deltanet_tf32(bool on);
 
 // (I + strictly_lower(t))^-1 for t [..., n, n] (its diagonal and upper part are not read), by
 // recursive 2x2 blocking, all blocks of a level in one batched product; any n (padded to a power
