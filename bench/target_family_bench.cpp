@@ -139,16 +139,18 @@ int main(int argc, char** argv) {
       at::Tensor out = m.capture(ids, cu, ids_cap);
       if (!at::isfinite(out).all().item<bool>()) throw std::runtime_error("non-finite captured states");
       const double s = time_median(dev, iters, [&] { m.capture(ids, cu, ids_cap); }, kTiming);
-      if (dev.is_cuda() && c.family == dflash::model::TargetFamily::Qwen35 && dflash::model::deltanet_tf32()) {
-        // the delta rule's products in IEEE float32 instead of TF32: time and captured-state difference
-        dflash::model::set_deltanet_tf32(false);
-        at::Tensor ref = m.capture(ids, cu, ids_cap).to(at::kFloat);
-        const double s32 = time_median(dev, std::min(iters, 3), [&] { m.capture(ids, cu, ids_cap); }, kTiming);
-        dflash::model::set_deltanet_tf32(true);
-        at::Tensor d = (out.to(at::kFloat) - ref).abs();
-        std::printf("  delta rule in IEEE float32 (DFLASH_TARGET_DELTANET_TF32=0): %.1f ms/fwd; TF32 vs float32 "
-                    "captured states: max |diff| / max |ref| %.2e, mean |diff| / mean |ref| %.2e\n",
-                    s32 * 1e3, d.max().item<double>() / ref.abs().max().item<double>(),
+      if (dev.is_cuda() && c.family == dflash::model::TargetFamily::Qwen35) {
+        // the delta rule's float32 products with the other TF32 setting: time and captured-state difference
+        const bool tf32 = dflash::model::deltanet_tf32();
+        dflash::model::set_deltanet_tf32(!tf32);
+        at::Tensor alt = m.capture(ids, cu, ids_cap).to(at::kFloat);
+        const double s_alt = time_median(dev, std::min(iters, 3), [&] { m.capture(ids, cu, ids_cap); }, kTiming);
+        dflash::model::set_deltanet_tf32(tf32);
+        at::Tensor ref = tf32 ? alt : out.to(at::kFloat), d = (tf32 ? out.to(at::kFloat) - alt : alt - ref).abs();
+        std::printf("  delta rule with TF32 %s (DFLASH_TARGET_DELTANET_TF32=%d): %.1f ms/fwd against %.1f; TF32 vs "
+                    "IEEE float32 captured states: max |diff| / max |ref| %.2e, mean |diff| / mean |ref| %.2e\n",
+                    tf32 ? "off" : "on", tf32 ? 0 : 1, s_alt * 1e3, s * 1e3,
+                    d.max().item<double>() / ref.abs().max().item<double>(),
                     d.mean().item<double>() / ref.abs().mean().item<double>());
       }
       const double fl = flop_per_token(c, c.num_hidden_layers, S) * T / s;

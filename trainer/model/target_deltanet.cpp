@@ -73,7 +73,7 @@ bool deltanet_tf32() {
   int v = g_tf32.load();
   if (v < 0) {
     const char* e = std::getenv(kDeltaNetTf32Env);
-    std::string s = e ? e : "1";
+    std::string s = e ? e : "0";
     if (s != "0" && s != "1") throw_user("{}={}: expected 0 or 1", kDeltaNetTf32Env, s);
     v = s == "1";
     g_tf32.store(v);

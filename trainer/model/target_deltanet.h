@@ -60,12 +60,12 @@ at::Tensor deltanet_forward(const at::Tensor& x, const std::vector<int64_t>& cu,
 // Environment knob: "inverse" (default) or "trsm" (see above). Read once per process.
 constexpr const char* kDeltaNetSolveEnv = "DFLASH_TARGET_DELTANET";
 
-// On CUDA the float32 products of the chunked rule (the intra-chunk matmuls, the inverse, the
-// per-chunk state updates) run on TF32 tensor cores by default: operands keep 10 mantissa bits,
-// more than the bf16 operands of flash-linear-attention's kernels that serve these models, with
-// float32 accumulation; the elementwise work stays float32. DFLASH_TARGET_DELTANET_TF32=0 (or
-// set_deltanet_tf32(false)) keeps IEEE float32; target_family_bench reports the difference of the
-// captured states between the two. No effect on CPU.
+// DFLASH_TARGET_DELTANET_TF32=1 (or set_deltanet_tf32(true)) runs the float32 products of the
+// chunked rule (intra-chunk matmuls, the inverse, the per-chunk state updates) on TF32 tensor
+// cores on CUDA. Off by default: on an H200 at Qwen3.5-9B shapes with random weights it saved 4%
+// of the capture forward (714 -> 685 ms at 8 x 2048) but moved the captured states by 4.6% mean
+// relative (bench/RESULTS.md, 2026-12-01); target_family_bench reports both settings. No effect
+// on CPU.
 constexpr const char* kDeltaNetTf32Env = "DFLASH_TARGET_DELTANET_TF32";
 bool deltanet_tf32();
 void set_deltanet_tf32(bool on);
