@@ -226,7 +226,11 @@ train_eval() {
   [ -f "$S/eval_$name.json" ] && cp "$S/eval_$name.json" "$OUT/eval_$name.json"
 }
 
+# Results of earlier device calls ($OUT is emptied by each): kept under $S/results after every
+# stage, brought back for the summary where this call did not make them again.
+keep_results() { mkdir -p "$S/results"; cp "$OUT"/*.json "$OUT"/*.jsonl "$S/results/" 2>/dev/null; return 0; }
 plot_and_summary() {
+  keep_results; cp -n "$S/results/"* "$OUT/" 2>/dev/null
   local plot=bench/plot_quality.py
   [ -f tools/plot_metrics.py ] && plot=tools/plot_metrics.py
   local runs=("$OUT/metrics_main.jsonl")
@@ -248,9 +252,10 @@ run_stage() {
   esac
 }
 if [ "$STAGE" = all ]; then
-  for s in stage1 stage2 stage3; do run_stage $s || { rc=1; break; }; done
+  for s in stage1 stage2 stage3; do run_stage $s || { rc=1; break; }; keep_results; done
 else
   run_stage "$STAGE" || rc=1
 fi
+keep_results
 say "$STAGE: rc=$rc, $(( $(date +%s) - t0 )) s"
 exit $rc
