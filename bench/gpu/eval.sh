@@ -5,20 +5,20 @@
 # training run on random tokens; plus the training pipeline's tokens/s with the evaluation during
 # training on vs off (same config, two runs, only eval.every and eval.prompts differ).
 #   1. pipeline, eval off:  STEPS steps (1 target + 1 drafter rank with 2 GPUs, else colocated)
-#   2. pipeline, eval on:   the same with eval.every=EVERY on the 64 held-out prompts, with the
-#                           product's defaults for the eval's size (eval.max_new_tokens 256,
-#                           eval.batch_size 16, eval.max_prompts 0 = all; trainer/config.h).
-#                           eval.every has no default (0: off), so the bench states the one it uses
-#                           and prints what each eval costs and the interval that keeps that cost
-#                           under 5% of the training time.
+#   2. pipeline, eval on:   the same with eval.every=EVERY on held-out prompts (by default the first
+#                           16 x 128 new tokens, one batch: see TRAIN_PROMPTS below). eval.every has
+#                           no default (0: off), so the bench states the one it uses and prints
+#                           what each eval costs and the interval that keeps that cost under 5% of
+#                           the training time.
 #      Tokens/s of a run = all training tokens / (training wall time + the final eval), the evals
 #      in between included (metrics.jsonl: tokens of an interval = drafter_tok_s x its seconds).
 #   3. eval:                64 prompts (128 tokens) x 256 new tokens, batch 16 and batch 64,
 #                           tau, wall time, speedup vs plain greedy, equal-output rate (bf16)
 # Writes OUT_DIR/eval_summary.txt (commands and numbers), the eval JSON reports and metrics.
-#   bash bench/gpu/eval.sh BUILD_DIR OUT_DIR               (about 8 minutes)
-#   DFLASH_EVAL_STEPS (default 40), DFLASH_EVAL_EVERY (default 20): the pipeline runs' length and
-#   eval interval.
+#   bash bench/gpu/eval.sh BUILD_DIR OUT_DIR     (about 11 minutes; DFLASH_EVAL_STANDALONE=0: about 8)
+#   DFLASH_EVAL_STEPS (default 200), DFLASH_EVAL_EVERY (default 100): the pipeline runs' length and
+#   eval interval; DFLASH_EVAL_TRAIN_PROMPTS (16; 0: all) and DFLASH_EVAL_TRAIN_NEW (128): the size
+#   of the eval during training; DFLASH_EVAL_STANDALONE=0: skip step 3.
 # targets: dflash_rank target_bench
 set -uo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib/common.sh
@@ -40,18 +40,25 @@ for name, n in (("prompts64", 64), ("prompts16", 16)):
 PYEOF
 echo "setup: $(( $(date +%s) - t0 )) s (random target, data, prompts)" | tee -a "$SUMMARY"
 
-STEPS=${DFLASH_EVAL_STEPS:-40}
-EVERY=${DFLASH_EVAL_EVERY:-20}
+STEPS=${DFLASH_EVAL_STEPS:-200}
+EVERY=${DFLASH_EVAL_EVERY:-100}
+# The eval during training: the first TRAIN_PROMPTS held-out prompts x TRAIN_NEW new tokens (one
+# batch of 16; 0: the product's defaults, all 64 prompts x 256 tokens, about 36 s per eval with a
+# random target whose drafter never agrees, which no interval of a bench-length run amortises).
+TRAIN_PROMPTS=${DFLASH_EVAL_TRAIN_PROMPTS:-16}
+TRAIN_NEW=${DFLASH_EVAL_TRAIN_NEW:-128}
 common=(target.model_dir="$WORK/qwen3-8b" "data.shards=[$WORK/data]" "train.max_steps=$STEPS" log.interval=5
         checkpoint.state_every=0 checkpoint.export_every=0 comm.timeout_s=600)
 if [ "$ngpu" -ge 2 ]; then launch=(mpirun -np 2 "$BUILD/trainer/dflash_rank"); layout=(); lname="1 target + 1 drafter rank"
 else launch=("$BUILD/trainer/dflash_rank"); layout=(layout.colocated=true); lname="colocated (1 GPU)"; fi
-echo "pipeline: $lname, $STEPS steps; eval on: eval.every=$EVERY, 64 held-out prompts, eval.max_new_tokens and" \
-     "eval.batch_size at their defaults (256, 16)" | tee -a "$SUMMARY"
+echo "pipeline: $lname, $STEPS steps; eval on: eval.every=$EVERY, held-out prompts: $([ "$TRAIN_PROMPTS" -gt 0 ] &&
+     echo "the first $TRAIN_PROMPTS x $TRAIN_NEW new tokens" || echo "all 64 x 256 new tokens (the defaults)"), eval.batch_size 16" |
+  tee -a "$SUMMARY"
 rc=0
 for mode in off on; do
   extra=(run.dir="$WORK/run_$mode")
   [ $mode = on ] && extra+=("eval.every=$EVERY" "eval.prompts=$WORK/prompts64.jsonl")
+  [ $mode = on ] && [ "$TRAIN_PROMPTS" -gt 0 ] && extra+=("eval.max_prompts=$TRAIN_PROMPTS" "eval.max_new_tokens=$TRAIN_NEW")
   rm -rf "$WORK/run_$mode"
   cmd=("${launch[@]}" --config configs/debug-2gpu.yaml "${layout[@]}" "${common[@]}" "${extra[@]}")
   echo "pipeline eval $mode: ${cmd[*]}" | tee -a "$SUMMARY"
@@ -120,6 +127,9 @@ if len(res) == 2:
               f"{int(19 * cost / step_s) + 1}; on a target rank it runs in the spare time instead")
 PYEOF
 
+# DFLASH_EVAL_STANDALONE=0: the pipeline comparison only (the standalone eval below was measured
+# at d5bc3b4, bench/RESULTS.md)
+[ "${DFLASH_EVAL_STANDALONE:-1}" = 0 ] && exit "$rc"
 [ -d "$WORK/run_off/exports/final" ] || { echo "no drafter export from the eval-off run" | tee -a "$SUMMARY"; exit 1; }
 for bs in 16 64; do
   cmd=("$BUILD/trainer/dflash_rank" eval --config configs/debug-2gpu.yaml target.model_dir="$WORK/qwen3-8b"
