@@ -2,7 +2,8 @@
 // (trainer/model/target_qwen35.h) with random weights at real shapes.
 //
 //   target_family_bench [--config qwen3-30b-a3b|qwen3.5-9b|tiny-moe|tiny-qwen35]
-//                       [--shapes 8x2048,4x4096] [--iters 5] [--json FILE]
+//                       [--shapes 8x2048,4x4096] [--iters 5] [--json FILE] [--profile]
+//   --profile (qwen3_5): the Gated DeltaNet's sections of one forward, timed by device marks
 //
 // The model is built with only the layers the capture runs (the default DFlash ids, 5 features:
 // Qwen3-30B-A3B [1, 12, 23, 34, 45] -> 46 layers; Qwen3.5-9B [1, 8, 15, 22, 29] -> 30 layers),
@@ -23,6 +24,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -35,6 +37,7 @@
 #include "trainer/model/hf_config.h"
 #include "trainer/model/target.h"
 #include "trainer/model/target_deltanet.h"
+#include "trainer/metrics/timeline.h"
 
 using dflash::throw_user;
 using namespace dflash::bench;
@@ -71,6 +74,43 @@ std::string config_json(const std::string& which) {
   throw_user("unknown --config '{}' (qwen3-30b-a3b, qwen3.5-9b, tiny-moe, tiny-qwen35)", which);
 }
 
+// --profile: the Gated DeltaNet's sections (target_deltanet.h hook) timed by device marks over
+// one forward, summed over the layers.
+struct SectionRecorder {
+  dflash::metrics::Timeline* tl = nullptr;
+  std::vector<std::pair<std::string, int64_t>> marks;  // section ("" = end), mark id
+};
+SectionRecorder g_rec;
+void record_section(const char* name) { g_rec.marks.emplace_back(name ? name : "", g_rec.tl->mark()); }
+
+void profile_deltanet(const at::Device& dev, double fwd_s, const std::function<void()>& fwd) {
+  dflash::metrics::Timeline tl(dev);
+  g_rec = SectionRecorder{&tl, {}};
+  dflash::model::set_deltanet_section_hook(record_section);
+  const int64_t begin = tl.mark();
+  fwd();
+  const int64_t end = tl.mark();
+  dflash::model::set_deltanet_section_hook(nullptr);
+  std::vector<std::pair<std::string, double>> sums;
+  double in_deltanet = 0;
+  for (size_t i = 0; i + 1 < g_rec.marks.size(); ++i) {
+    const auto& [name, id] = g_rec.marks[i];
+    if (name.empty()) continue;
+    const double t = tl.seconds(id, g_rec.marks[i + 1].second);
+    in_deltanet += t;
+    auto it = std::find_if(sums.begin(), sums.end(), [&](const auto& p) { return p.first == name; });
+    if (it == sums.end()) sums.emplace_back(name, t);
+    else it->second += t;
+  }
+  const double total = tl.seconds(begin, end);
+  std::printf("  profile of one forward (%.1f ms with the marks; timed %.1f ms): Gated DeltaNet sections, all layers\n",
+              total * 1e3, fwd_s * 1e3);
+  for (const auto& [name, t] : sums)
+    std::printf("    %-14s %8.1f ms %6.1f%%\n", name.c_str(), t * 1e3, 100 * t / total);
+  std::printf("    %-14s %8.1f ms %6.1f%%\n", "rest", (total - in_deltanet) * 1e3, 100 * (total - in_deltanet) / total);
+  g_rec = SectionRecorder{};
+}
+
 double flop_per_token(const HfConfig& c, int64_t layers, int64_t S) {
   const double H = double(c.hidden_size);
   double f = 0;
@@ -102,15 +142,20 @@ int main(int argc, char** argv) {
     std::string config = "qwen3-30b-a3b", json;
     std::vector<std::pair<int64_t, int64_t>> shapes = {{8, 2048}, {4, 4096}};
     int iters = 5;
+    bool profile = false;
     for (int i = 1; i < argc; ++i) {
       std::string k = argv[i];
+      if (k == "--profile") {
+        profile = true;
+        continue;
+      }
       if (i + 1 >= argc) throw_user("option {} needs a value", k);
       std::string v = argv[++i];
       if (k == "--config") config = v;
       else if (k == "--json") json = v;
       else if (k == "--iters") iters = std::stoi(v);
       else if (k == "--shapes") shapes = parse_shapes(v);
-      else throw_user("unknown option {} (--config, --shapes, --iters, --json)", k);
+      else throw_user("unknown option {} (--config, --shapes, --iters, --json, --profile)", k);
     }
     c10::InferenceMode guard;
     const at::Device dev = bench_device();
@@ -139,6 +184,8 @@ int main(int argc, char** argv) {
       at::Tensor out = m.capture(ids, cu, ids_cap);
       if (!at::isfinite(out).all().item<bool>()) throw std::runtime_error("non-finite captured states");
       const double s = time_median(dev, iters, [&] { m.capture(ids, cu, ids_cap); }, kTiming);
+      if (profile && c.family == dflash::model::TargetFamily::Qwen35)
+        profile_deltanet(dev, s, [&] { m.capture(ids, cu, ids_cap); });
       if (dev.is_cuda() && c.family == dflash::model::TargetFamily::Qwen35) {
         // the delta rule's float32 products with the other TF32 setting: time and captured-state difference
         const bool tf32 = dflash::model::deltanet_tf32();

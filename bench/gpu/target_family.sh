@@ -16,7 +16,8 @@ rc=0
 CONFIGS=${DFLASH_FAMILY_CONFIGS:-qwen3-30b-a3b qwen3.5-9b}
 for cfg in $CONFIGS; do
   echo "--- dflash $cfg ($SHAPES)"
-  timeout 200 "$BUILD/bench/target_family_bench" --config $cfg --shapes $SHAPES --iters 5 \
+  prof=(); [ $cfg = qwen3.5-9b ] && prof=(--profile)
+  timeout 200 "$BUILD/bench/target_family_bench" --config $cfg --shapes $SHAPES --iters 5 "${prof[@]}" \
     --json "$OUT/dflash_$cfg.json" > "$OUT/dflash_$cfg.txt" 2>&1 || rc=1
   cat "$OUT/dflash_$cfg.txt"
   if [ $cfg = qwen3-30b-a3b ]; then
@@ -28,6 +29,9 @@ for cfg in $CONFIGS; do
     echo "--- dflash $cfg, the delta rule's triangular systems by cuBLAS trsm (DFLASH_TARGET_DELTANET=trsm)"
     DFLASH_TARGET_DELTANET=trsm timeout 200 "$BUILD/bench/target_family_bench" --config $cfg --shapes 8x2048 --iters 3 \
       > "$OUT/dflash_${cfg}_trsm.txt" 2>&1; tail -2 "$OUT/dflash_${cfg}_trsm.txt"
+    echo "--- dflash $cfg, chunks of 128 tokens (DFLASH_TARGET_DELTANET_CHUNK=128)"
+    DFLASH_TARGET_DELTANET_CHUNK=128 timeout 200 "$BUILD/bench/target_family_bench" --config $cfg --shapes 8x2048 --iters 3 \
+      > "$OUT/dflash_${cfg}_c128.txt" 2>&1; tail -2 "$OUT/dflash_${cfg}_c128.txt"
   fi
   echo "--- transformers $cfg"
   timeout 300 python3 bench/target_family_bench_hf.py --config $cfg --shapes $SHAPES --iters 5 \

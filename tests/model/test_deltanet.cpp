@@ -40,7 +40,7 @@ TEST(GatedDeltaRule, ChunkedMatchesTokenByToken) {
   at::manual_seed(5);
   const int64_t B = 2, nv = 3, dk = 8, dv = 6;
   for (int64_t L : {1, 5, 64, 75, 130}) {
-    for (int64_t C : {16, 64}) {
+    for (int64_t C : {16, 64, 128}) {
       auto o = at::TensorOptions().dtype(at::kDouble);
       at::Tensor q = at::randn({B, L, nv, dk}, o), k = at::randn({B, L, nv, dk}, o);
       k = k / k.norm(2, -1, true);

@@ -66,6 +66,22 @@ bool use_trsm() {
 }
 
 std::atomic<int> g_tf32{-1};  // -1: not read yet (kDeltaNetTf32Env)
+std::atomic<DeltaNetSectionHook> g_hook{nullptr};
+
+void section(const char* name) {
+  if (DeltaNetSectionHook h = g_hook.load(std::memory_order_relaxed)) h(name);
+}
+
+int64_t chunk_size() {
+  static const int64_t c = [] {
+    const char* e = std::getenv(kDeltaNetChunkEnv);
+    std::string v = e ? e : "64";
+    if (v != "16" && v != "32" && v != "64" && v != "128")
+      throw_user("{}={}: expected 16, 32, 64 or 128", kDeltaNetChunkEnv, v);
+    return int64_t(std::stoi(v));
+  }();
+  return c;
+}
 
 }  // namespace
 
@@ -82,6 +98,8 @@ bool deltanet_tf32() {
 }
 
 void set_deltanet_tf32(bool on) { g_tf32.store(on ? 1 : 0); }
+
+void set_deltanet_section_hook(DeltaNetSectionHook hook) { g_hook.store(hook); }
 
 at::Tensor unit_lower_inverse(const at::Tensor& t_in) {
   const int64_t n = t_in.size(-1);
@@ -139,6 +157,7 @@ std::pair<at::Tensor, at::Tensor> gated_delta_rule_chunked(const at::Tensor& q_i
   const int64_t B = q_in.size(0), L = q_in.size(1), nv = q_in.size(2), dk = q_in.size(3);
   const int64_t dv = v_in.size(3);
   const int64_t pad = (C - L % C) % C, Lp = L + pad, N = Lp / C;
+  section("chunk_intra");
   auto heads_first = [&](const at::Tensor& t) {  // [B, L, nv, ...] -> [B, nv, Lp, ...] padded
     at::Tensor x = t.transpose(1, 2);
     if (pad) {
@@ -164,6 +183,7 @@ std::pair<at::Tensor, at::Tensor> gated_delta_rule_chunked(const at::Tensor& q_i
   at::Tensor intra = at::matmul(q, k.transpose(-1, -2)) * decay;
   at::Tensor ecum = cum.exp().unsqueeze(-1);
   // (I + strictly_lower(ut))^-1 applied to beta v and to the decayed beta k (the UT transform).
+  section("chunk_inverse");
   at::Tensor u, w;
   if (use_trsm()) {
     u = at::linalg_solve_triangular(ut, v_beta, /*upper=*/false, /*left=*/true, /*unitriangular=*/true);
@@ -173,17 +193,31 @@ std::pair<at::Tensor, at::Tensor> gated_delta_rule_chunked(const at::Tensor& q_i
     u = at::matmul(inv, v_beta);
     w = at::matmul(inv, k_beta * ecum);
   }
+  section("chunk_intra");
   at::Tensor last = cum.narrow(-1, C - 1, 1);  // [B, nv, N, 1]
   at::Tensor qd = q * ecum;
   at::Tensor kd = k * (last - cum).exp().unsqueeze(-1);
   at::Tensor chunk_decay = last.exp().unsqueeze(-1);  // [B, nv, N, 1, 1]
-  at::Tensor S = initial.defined() ? initial.to(q.scalar_type()).clone() : at::zeros({B, nv, dk, dv}, q.options());
-  at::Tensor out = at::empty({B, nv, N, C, dv}, q.options());
+  // The sequential part: per chunk only the state update, vn_i = u_i - w_i S_i and
+  // S_{i+1} = exp(last_i) S_i + kd_i^T vn_i (one baddbmm each); the states S_i and the vn_i are
+  // kept, and every chunk's output o_i = qd_i S_i + intra_i vn_i is two batched products after the loop.
+  const int64_t BH = B * nv;
+  section("chunk_loop");
+  at::Tensor S = initial.defined() ? initial.to(q.scalar_type()).reshape({BH, dk, dv}).clone()
+                                   : at::zeros({BH, dk, dv}, q.options());
+  at::Tensor states = at::empty({B, nv, N, dk, dv}, q.options());
+  at::Tensor vns = at::empty({B, nv, N, C, dv}, q.options());
+  at::Tensor decay_bh = chunk_decay.reshape({BH, N, 1, 1});
   for (int64_t i = 0; i < N; ++i) {
-    at::Tensor vn = u.select(2, i) - at::matmul(w.select(2, i), S);
-    out.select(2, i).copy_(at::matmul(qd.select(2, i), S) + at::matmul(intra.select(2, i), vn));
-    S = S * chunk_decay.select(2, i) + at::matmul(kd.select(2, i).transpose(-1, -2), vn);
+    states.select(2, i).copy_(S.view({B, nv, dk, dv}));
+    at::Tensor vn = at::baddbmm(u.select(2, i).reshape({BH, C, dv}), w.select(2, i).reshape({BH, C, dk}), S,
+                                /*beta=*/1, /*alpha=*/-1);
+    vns.select(2, i).copy_(vn.view({B, nv, C, dv}));
+    S = at::baddbmm(S * decay_bh.select(1, i), kd.select(2, i).reshape({BH, C, dk}).transpose(1, 2), vn);
   }
+  section("chunk_out");
+  at::Tensor out = at::matmul(qd, states).add_(at::matmul(intra, vns));  // [B, nv, N, C, dv]
+  S = S.view({B, nv, dk, dv});
   at::Tensor o = out.view({B, nv, Lp, dv}).narrow(2, 0, L).transpose(1, 2);  // [B, L, nv, dv]
   return {o, S};
 }
@@ -192,6 +226,7 @@ at::Tensor deltanet_forward(const at::Tensor& x, const std::vector<int64_t>& cu,
                             const DeltaNetSpec& s, DeltaNetState* state, const at::Tensor& rows_in) {
   const int64_t T = x.size(0), Cd = s.conv_dim(), K = s.kernel;
   const int64_t D = int64_t(cu.size()) - 1;
+  section("in_proj");
   at::Tensor proj = at::mm(x, w.w_in.t());
   at::Tensor mixed = proj.narrow(1, 0, Cd);
   at::Tensor rows = rows_in.defined() ? rows_in : at::arange(D, at::TensorOptions().dtype(at::kLong).device(x.device()));
@@ -221,6 +256,7 @@ at::Tensor deltanet_forward(const at::Tensor& x, const std::vector<int64_t>& cu,
   // document, the cached window otherwise) ; its tokens]: out[i] = sum_j conv[:, j] ext[i + j].
   // One grouped (depthwise) at::conv1d in the model dtype (cuDNN on CUDA, float32 accumulation;
   // transformers' torch path does the same), a cross-correlation: out[i] = sum_j w[:, j] ext[i + j].
+  section("conv");
   at::Tensor ext = at::zeros({D * (Lmax + K - 1), Cd}, x.options());
   ext.index_copy_(0, conv_dest_t, mixed);
   ext = ext.view({D, Lmax + K - 1, Cd});
@@ -230,12 +266,15 @@ at::Tensor deltanet_forward(const at::Tensor& x, const std::vector<int64_t>& cu,
                                /*stride=*/at::IntArrayRef(one), /*padding=*/at::IntArrayRef(zero),
                                /*dilation=*/at::IntArrayRef(one), /*groups=*/Cd);  // [D, Cd, Lmax]
   at::Tensor conv_out = at::silu(conv).transpose(1, 2).reshape({D * Lmax, Cd}).index_select(0, dest_t);
+  section("qkv_gates");
   auto [q, k, v] = prepare_qkv(conv_out, s);
   auto [beta, g] = gates(proj, w, s);
 
   at::Tensor S0 = state ? state->rec.index_select(0, rows) : at::Tensor();
-  auto [o_grid, S] = gated_delta_rule_chunked(to_grid(q), to_grid(k), to_grid(v), to_grid(g), to_grid(beta),
-                                                 std::min<int64_t>(64, Lmax), S0);
+  section("to_grid");
+  at::Tensor qg = to_grid(q), kg = to_grid(k), vg = to_grid(v), gg = to_grid(g), bg = to_grid(beta);
+  auto [o_grid, S] = gated_delta_rule_chunked(qg, kg, vg, gg, bg, std::min<int64_t>(chunk_size(), Lmax), S0);
+  section("out");
   at::Tensor o = o_grid.reshape({D * Lmax, s.nv, s.dv}).index_select(0, dest_t).to(x.scalar_type());
 
   if (state) {
@@ -245,7 +284,9 @@ at::Tensor deltanet_forward(const at::Tensor& x, const std::vector<int64_t>& cu,
     for (int64_t d = 0; d < D; ++d) win[d].copy_(ext[d].narrow(0, cu[d + 1] - cu[d], K - 1));
     state->conv.index_copy_(0, rows, win.transpose(1, 2).to(state->conv.scalar_type()));
   }
-  return gated_out(o, proj, w, s);
+  at::Tensor y = gated_out(o, proj, w, s);
+  section(nullptr);
+  return y;
 }
 
 }  // namespace dflash::model

@@ -70,6 +70,17 @@ constexpr const char* kDeltaNetTf32Env = "DFLASH_TARGET_DELTANET_TF32";
 bool deltanet_tf32();
 void set_deltanet_tf32(bool on);
 
+// Environment knob: the chunk length of the packed forward, 16, 32, 64 (default) or 128 (fewer
+// sequential steps, more intra-chunk work). Read once per process.
+constexpr const char* kDeltaNetChunkEnv = "DFLASH_TARGET_DELTANET_CHUNK";
+
+// Profiling hook (benchmarks: target_family_bench --profile): when set, deltanet_forward calls it
+// at the start of each of its sections ("in_proj", "conv", "qkv_gates", "to_grid", "chunk_intra",
+// "chunk_inverse", "chunk_loop", "chunk_out", "out": the un-grid, gated norm and out_proj) and
+// with nullptr at its end. Process-wide; nullptr: off (the default, one relaxed load per section).
+using DeltaNetSectionHook = void (*)(const char* section);
+void set_deltanet_section_hook(DeltaNetSectionHook hook);
+
 // (I + strictly_lower(t))^-1 for t [..., n, n] (its diagonal and upper part are not read), by
 // recursive 2x2 blocking, all blocks of a level in one batched product; any n (padded to a power
 // of two). Same dtype and shape as t.
