@@ -187,18 +187,22 @@ int main(int argc, char** argv) {
       if (profile && c.family == dflash::model::TargetFamily::Qwen35)
         profile_deltanet(dev, s, [&] { m.capture(ids, cu, ids_cap); });
       if (dev.is_cuda() && c.family == dflash::model::TargetFamily::Qwen35) {
-        // the delta rule's float32 products with the other TF32 setting: time and captured-state difference
-        const bool tf32 = dflash::model::deltanet_tf32();
-        dflash::model::set_deltanet_tf32(!tf32);
-        at::Tensor alt = m.capture(ids, cu, ids_cap).to(at::kFloat);
-        const double s_alt = time_median(dev, std::min(iters, 3), [&] { m.capture(ids, cu, ids_cap); }, kTiming);
-        dflash::model::set_deltanet_tf32(tf32);
-        at::Tensor ref = tf32 ? alt : out.to(at::kFloat), d = (tf32 ? out.to(at::kFloat) - alt : alt - ref).abs();
-        std::printf("  delta rule with TF32 %s (DFLASH_TARGET_DELTANET_TF32=%d): %.1f ms/fwd against %.1f; TF32 vs "
-                    "IEEE float32 captured states: max |diff| / max |ref| %.2e, mean |diff| / mean |ref| %.2e\n",
-                    tf32 ? "off" : "on", tf32 ? 0 : 1, s_alt * 1e3, s * 1e3,
-                    d.max().item<double>() / ref.abs().max().item<double>(),
-                    d.mean().item<double>() / ref.abs().mean().item<double>());
+        // the other setting of each Gated DeltaNet knob, in the same run: time and captured-state difference
+        auto other = [&](const char* what, const char* env, bool now, void (*set)(bool)) {
+          set(!now);
+          at::Tensor alt = m.capture(ids, cu, ids_cap).to(at::kFloat);
+          const double s_alt = time_median(dev, std::min(iters, 3), [&] { m.capture(ids, cu, ids_cap); }, kTiming);
+          set(now);
+          at::Tensor base = out.to(at::kFloat), d = (alt - base).abs();
+          std::printf("  %s %s (%s=%d): %.1f ms/fwd against %.1f; captured states: max |diff| / max |default| "
+                      "%.2e, mean |diff| / mean |default| %.2e\n", what, now ? "off" : "on", env, now ? 0 : 1,
+                      s_alt * 1e3, s * 1e3, d.max().item<double>() / base.abs().max().item<double>(),
+                      d.mean().item<double>() / base.abs().mean().item<double>());
+        };
+        other("delta rule's float32 products on TF32", dflash::model::kDeltaNetTf32Env, dflash::model::deltanet_tf32(),
+              dflash::model::set_deltanet_tf32);
+        other("fused q/k/v grid and gated-norm kernels", dflash::model::kDeltaNetFusedEnv,
+              dflash::model::deltanet_fused(), dflash::model::set_deltanet_fused);
       }
       const double fl = flop_per_token(c, c.num_hidden_layers, S) * T / s;
       std::printf("%-10s %10.1f %12.0f %10.1f %7.1f%%\n", fmt::format("{}x{}", B, S).c_str(), s * 1e3, T / s,

@@ -4,7 +4,7 @@
 # transformers' eager forward of the same truncated model, measured in the same run; MoE expert
 # backends compared (grouped GEMM vs one GEMM per expert). Bar: dflash >= 1.2x transformers eager.
 #   bash bench/gpu/target_family.sh BUILD_DIR OUT_DIR      (about 6 minutes; tables printed last)
-# targets: target_family_bench
+# targets: target_family_bench test_deltanet_gpu
 set -uo pipefail
 BUILD=$1
 OUT=$2
@@ -14,6 +14,9 @@ export PYTHONUNBUFFERED=1
 SHAPES=${DFLASH_FAMILY_SHAPES:-8x2048,4x4096}   # DFLASH_FAMILY_CONFIGS: a subset of the two configs
 rc=0
 CONFIGS=${DFLASH_FAMILY_CONFIGS:-qwen3-30b-a3b qwen3.5-9b}
+echo "--- GPU test: the fused Gated DeltaNet kernels against the ATen path (tests/model/test_deltanet_gpu)"
+timeout 120 "$BUILD/tests/model/test_deltanet_gpu" > "$OUT/test_deltanet_gpu.txt" 2>&1 || rc=1
+grep -E "^dk|OK|FAILED|Failure|Expected" "$OUT/test_deltanet_gpu.txt"
 for cfg in $CONFIGS; do
   echo "--- dflash $cfg ($SHAPES)"
   prof=(); [ $cfg = qwen3.5-9b ] && prof=(--profile)
@@ -29,6 +32,9 @@ for cfg in $CONFIGS; do
     echo "--- dflash $cfg, the delta rule's triangular systems by cuBLAS trsm (DFLASH_TARGET_DELTANET=trsm)"
     DFLASH_TARGET_DELTANET=trsm timeout 200 "$BUILD/bench/target_family_bench" --config $cfg --shapes 8x2048 --iters 3 \
       > "$OUT/dflash_${cfg}_trsm.txt" 2>&1; tail -2 "$OUT/dflash_${cfg}_trsm.txt"
+    echo "--- dflash $cfg, fused q/k/v grid and gated-norm kernels (DFLASH_TARGET_DELTANET_FUSED=1), profile"
+    DFLASH_TARGET_DELTANET_FUSED=1 timeout 200 "$BUILD/bench/target_family_bench" --config $cfg --shapes 8x2048 --iters 3 \
+      --profile > "$OUT/dflash_${cfg}_fused.txt" 2>&1; sed -n '/profile/,$p' "$OUT/dflash_${cfg}_fused.txt"
     echo "--- dflash $cfg, chunks of 128 tokens (DFLASH_TARGET_DELTANET_CHUNK=128)"
     DFLASH_TARGET_DELTANET_CHUNK=128 timeout 200 "$BUILD/bench/target_family_bench" --config $cfg --shapes 8x2048 --iters 3 \
       > "$OUT/dflash_${cfg}_c128.txt" 2>&1; tail -2 "$OUT/dflash_${cfg}_c128.txt"

@@ -12,6 +12,12 @@
 
 #include "core/error.h"
 
+#ifdef DFLASH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+
+#include "trainer/model/target_kernels.h"
+#endif
+
 namespace dflash::model {
 
 namespace {
@@ -67,6 +73,7 @@ bool use_trsm() {
 
 std::atomic<int> g_tf32{-1};  // -1: not read yet (kDeltaNetTf32Env)
 std::atomic<DeltaNetSectionHook> g_hook{nullptr};
+std::atomic<int> g_fused{-1};  // -1: not read yet (kDeltaNetFusedEnv)
 
 void section(const char* name) {
   if (DeltaNetSectionHook h = g_hook.load(std::memory_order_relaxed)) h(name);
@@ -100,6 +107,20 @@ bool deltanet_tf32() {
 void set_deltanet_tf32(bool on) { g_tf32.store(on ? 1 : 0); }
 
 void set_deltanet_section_hook(DeltaNetSectionHook hook) { g_hook.store(hook); }
+
+bool deltanet_fused() {
+  int v = g_fused.load();
+  if (v < 0) {
+    const char* e = std::getenv(kDeltaNetFusedEnv);
+    std::string s = e ? e : "0";
+    if (s != "0" && s != "1") throw_user("{}={}: expected 0 or 1", kDeltaNetFusedEnv, s);
+    v = s == "1";
+    g_fused.store(v);
+  }
+  return v == 1;
+}
+
+void set_deltanet_fused(bool on) { g_fused.store(on ? 1 : 0); }
 
 at::Tensor unit_lower_inverse(const at::Tensor& t_in) {
   const int64_t n = t_in.size(-1);
@@ -135,10 +156,14 @@ at::Tensor unit_lower_inverse(const at::Tensor& t_in) {
   return m.reshape(shape);
 }
 
-std::pair<at::Tensor, at::Tensor> gated_delta_rule_chunked(const at::Tensor& q_in, const at::Tensor& k_in,
-                                                           const at::Tensor& v_in, const at::Tensor& g_in,
-                                                           const at::Tensor& beta_in, int64_t C,
-                                                           const at::Tensor& initial) {
+namespace {
+
+// The rule on heads-first, padded inputs: q, k [B, nv, Lp, dk], v [B, nv, Lp, dv], g, beta
+// [B, nv, Lp], float32 contiguous, Lp a multiple of C, padded positions k = v = g = beta = 0.
+// Returns o [B, nv, Lp, dv] (contiguous) and the final state [B, nv, dk, dv].
+std::pair<at::Tensor, at::Tensor> chunked_heads_first(at::Tensor q, at::Tensor k, const at::Tensor& v,
+                                                      const at::Tensor& g, const at::Tensor& beta, int64_t C,
+                                                      const at::Tensor& initial) {
   // float32 products on TF32 tensor cores on CUDA (see set_deltanet_tf32), restored on return
   struct Tf32Scope {
     bool set = false;
@@ -153,22 +178,10 @@ std::pair<at::Tensor, at::Tensor> gated_delta_rule_chunked(const at::Tensor& q_i
     ~Tf32Scope() {
       if (set) at::globalContext().setFloat32Precision(at::Float32Backend::CUDA, at::Float32Op::MATMUL, before);
     }
-  } tf32(q_in.is_cuda() && deltanet_tf32());
-  const int64_t B = q_in.size(0), L = q_in.size(1), nv = q_in.size(2), dk = q_in.size(3);
-  const int64_t dv = v_in.size(3);
-  const int64_t pad = (C - L % C) % C, Lp = L + pad, N = Lp / C;
+  } tf32(q.is_cuda() && deltanet_tf32());
+  const int64_t B = q.size(0), nv = q.size(1), Lp = q.size(2), dk = q.size(3), dv = v.size(3);
+  const int64_t N = Lp / C;
   section("chunk_intra");
-  auto heads_first = [&](const at::Tensor& t) {  // [B, L, nv, ...] -> [B, nv, Lp, ...] padded
-    at::Tensor x = t.transpose(1, 2);
-    if (pad) {
-      std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
-      shape[2] = pad;
-      x = at::cat({x, at::zeros(shape, x.options())}, 2);
-    }
-    return x.contiguous();
-  };
-  at::Tensor q = heads_first(q_in), k = heads_first(k_in), v = heads_first(v_in);
-  at::Tensor beta = heads_first(beta_in), g = heads_first(g_in);  // [B, nv, Lp]
   at::Tensor k_beta = (k * beta.unsqueeze(-1)).view({B, nv, N, C, dk});
   at::Tensor v_beta = (v * beta.unsqueeze(-1)).view({B, nv, N, C, dv});
   q = q.view({B, nv, N, C, dk});
@@ -218,9 +231,101 @@ std::pair<at::Tensor, at::Tensor> gated_delta_rule_chunked(const at::Tensor& q_i
   section("chunk_out");
   at::Tensor out = at::matmul(qd, states).add_(at::matmul(intra, vns));  // [B, nv, N, C, dv]
   S = S.view({B, nv, dk, dv});
-  at::Tensor o = out.view({B, nv, Lp, dv}).narrow(2, 0, L).transpose(1, 2);  // [B, L, nv, dv]
-  return {o, S};
+  return {out.view({B, nv, Lp, dv}), S};
 }
+
+}  // namespace
+
+std::pair<at::Tensor, at::Tensor> gated_delta_rule_chunked(const at::Tensor& q_in, const at::Tensor& k_in,
+                                                           const at::Tensor& v_in, const at::Tensor& g_in,
+                                                           const at::Tensor& beta_in, int64_t C,
+                                                           const at::Tensor& initial) {
+  const int64_t L = q_in.size(1), pad = (C - L % C) % C;
+  auto heads_first = [&](const at::Tensor& t) {  // [B, L, nv, ...] -> [B, nv, Lp, ...] padded
+    at::Tensor x = t.transpose(1, 2);
+    if (pad) {
+      std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
+      shape[2] = pad;
+      x = at::cat({x, at::zeros(shape, x.options())}, 2);
+    }
+    return x.contiguous();
+  };
+  auto [o, S] = chunked_heads_first(heads_first(q_in), heads_first(k_in), heads_first(v_in), heads_first(g_in),
+                                    heads_first(beta_in), C, initial);
+  return {o.narrow(2, 0, L).transpose(1, 2), S};  // [B, L, nv, dv]
+}
+
+
+
+namespace {
+
+// The state a cache keeps of each document's row: the final recurrent state, and the last K - 1
+// conv inputs ext[d, n_d .. n_d + K - 2].
+void save_state(DeltaNetState& state, const at::Tensor& rows, const at::Tensor& S, const at::Tensor& ext,
+                const std::vector<int64_t>& cu, int64_t K) {
+  const int64_t D = int64_t(cu.size()) - 1;
+  state.rec.index_copy_(0, rows, S);
+  at::Tensor win = at::empty({D, K - 1, ext.size(2)}, ext.options());
+  for (int64_t d = 0; d < D; ++d) win[d].copy_(ext[d].narrow(0, cu[d + 1] - cu[d], K - 1));
+  state.conv.index_copy_(0, rows, win.transpose(1, 2).to(state.conv.scalar_type()));
+}
+
+#ifdef DFLASH_CUDA
+kernels::DType kernel_dtype(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kBFloat16: return kernels::DType::BF16;
+    case at::kHalf: return kernels::DType::F16;
+    case at::kFloat: return kernels::DType::F32;
+    default: DFLASH_CHECK(false, "Gated DeltaNet kernels: unsupported dtype {}", c10::toString(t.scalar_type()));
+  }
+  return kernels::DType::F32;
+}
+
+// After the conv, on CUDA (DFLASH_TARGET_DELTANET_FUSED=1): one kernel from the conv output to
+// q, k, v in the rule's heads-first padded grid (SiLU, L2 norms, scale, head expansion, zeros
+// past each document), the rule, and one kernel from its output grid to the gated norm of each
+// token (the un-grid, the rounding to the model dtype, RMSNorm, weight, SiLU(z)); the same
+// arithmetic as the ATen path, without its ~30 passes over [T, nv, d] float32 tensors.
+at::Tensor fused_rest(const at::Tensor& x, const std::vector<int64_t>& cu, const DeltaNetWeights& w,
+                      const DeltaNetSpec& s, DeltaNetState* state, const at::Tensor& rows, const at::Tensor& proj,
+                      const at::Tensor& ext, const at::Tensor& conv, const at::Tensor& dest_t, int64_t Lmax) {
+  const int64_t T = x.size(0), D = int64_t(cu.size()) - 1;
+  const int64_t C = std::min<int64_t>(chunk_size(), Lmax), Lp = (Lmax + C - 1) / C * C;
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  section("qkv_gates");
+  std::vector<int64_t> lens(D);
+  for (int64_t d = 0; d < D; ++d) lens[d] = cu[d + 1] - cu[d];
+  at::Tensor lens_t = at::tensor(lens, at::kLong).to(x.device());
+  auto f32 = x.options().dtype(at::kFloat);
+  at::Tensor q = at::empty({D, s.nv, Lp, s.dk}, f32), k = at::empty({D, s.nv, Lp, s.dk}, f32);
+  at::Tensor v = at::empty({D, s.nv, Lp, s.dv}, f32);
+  kernels::deltanet_qkv_grid(conv.data_ptr(), D, s.conv_dim(), Lmax, Lp, lens_t.data_ptr<int64_t>(), int(s.nk),
+                             int(s.nv), int(s.dk), int(s.dv), float(1.0 / std::sqrt(double(s.dk))), q.data_ptr<float>(),
+                             k.data_ptr<float>(), v.data_ptr<float>(), kernel_dtype(conv), stream);
+  auto [beta, g] = gates(proj, w, s);  // [T, nv] float32
+  section("to_grid");
+  auto grid_hf = [&](const at::Tensor& t) {  // [T, nv] -> [D, nv, Lp], zeros past each document
+    at::Tensor grid = at::zeros({D * Lp, s.nv}, t.options());
+    grid.index_copy_(0, (dest_t / Lmax) * Lp + dest_t % Lmax, t);
+    return grid.view({D, Lp, s.nv}).transpose(1, 2).contiguous();
+  };
+  at::Tensor S0 = state ? state->rec.index_select(0, rows) : at::Tensor();
+  auto [o, S] = chunked_heads_first(q, k, v, grid_hf(g), grid_hf(beta), C, S0);
+  section("out");
+  if (state) save_state(*state, rows, S, ext, cu, s.kernel);
+  at::Tensor y = at::empty({T, s.value_dim()}, x.options());
+  at::Tensor z = proj.narrow(1, s.conv_dim(), s.value_dim());
+  at::Tensor wn = w.norm.to(x.scalar_type()).contiguous();
+  kernels::deltanet_gated_out(o.data_ptr<float>(), dest_t.data_ptr<int64_t>(), T, int(s.nv), int(s.dv), Lp, Lmax,
+                              z.data_ptr(), proj.stride(0), wn.data_ptr(), float(s.eps), y.data_ptr(),
+                              kernel_dtype(x), stream);
+  at::Tensor out = at::mm(y, w.w_out.t());
+  section(nullptr);
+  return out;
+}
+#endif
+
+}  // namespace
 
 at::Tensor deltanet_forward(const at::Tensor& x, const std::vector<int64_t>& cu, const DeltaNetWeights& w,
                             const DeltaNetSpec& s, DeltaNetState* state, const at::Tensor& rows_in) {
@@ -265,6 +370,10 @@ at::Tensor deltanet_forward(const at::Tensor& x, const std::vector<int64_t>& cu,
   at::Tensor conv = at::conv1d(ext.transpose(1, 2), w.conv.to(x.scalar_type()).unsqueeze(1), std::nullopt,
                                /*stride=*/at::IntArrayRef(one), /*padding=*/at::IntArrayRef(zero),
                                /*dilation=*/at::IntArrayRef(one), /*groups=*/Cd);  // [D, Cd, Lmax]
+#ifdef DFLASH_CUDA
+  if (x.is_cuda() && deltanet_fused() && s.dk <= 256 && s.dv <= 256 && s.nv % s.nk == 0)
+    return fused_rest(x, cu, w, s, state, rows, proj, ext, conv.contiguous(), dest_t, Lmax);
+#endif
   at::Tensor conv_out = at::silu(conv).transpose(1, 2).reshape({D * Lmax, Cd}).index_select(0, dest_t);
   section("qkv_gates");
   auto [q, k, v] = prepare_qkv(conv_out, s);
@@ -277,13 +386,7 @@ at::Tensor deltanet_forward(const at::Tensor& x, const std::vector<int64_t>& cu,
   section("out");
   at::Tensor o = o_grid.reshape({D * Lmax, s.nv, s.dv}).index_select(0, dest_t).to(x.scalar_type());
 
-  if (state) {
-    state->rec.index_copy_(0, rows, S);
-    // The last K - 1 conv inputs of each document: ext[d, n_d .. n_d + K - 2].
-    at::Tensor win = at::empty({D, K - 1, Cd}, ext.options());
-    for (int64_t d = 0; d < D; ++d) win[d].copy_(ext[d].narrow(0, cu[d + 1] - cu[d], K - 1));
-    state->conv.index_copy_(0, rows, win.transpose(1, 2).to(state->conv.scalar_type()));
-  }
+  if (state) save_state(*state, rows, S, ext, cu, K);
   at::Tensor y = gated_out(o, proj, w, s);
   section(nullptr);
   return y;

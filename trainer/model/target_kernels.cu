@@ -74,6 +74,7 @@ __global__ void qk_norm_rope_kernel(T* __restrict__ qkv, int64_t T_tokens, int64
 }
 
 __device__ __forceinline__ float silu_f(float g) { return g / (1.f + __expf(-g)); }
+__device__ __forceinline__ float silu_exact(float g) { return g / (1.f + expf(-g)); }  // as at::silu
 
 // Vectorized: 8 elements (16 bytes of bf16/f16) per thread when I % 8 == 0.
 template <typename T, int V>
@@ -102,6 +103,126 @@ __global__ void silu_mul_kernel(const T* __restrict__ gu, T* __restrict__ out, i
       for (int k = 0; k < V; ++k) o[k] = from_f<T>(silu_f(to_f(g[k])) * to_f(u[k]));
     }
   }
+}
+
+// One block per (32-position tile, head slot, document); slots: nk q heads, nk k heads, nv v heads.
+// The tile [hd, 32] is read along positions (coalesced in conv's layout) and written along the
+// head dimension (coalesced in the grid's), through shared memory.
+constexpr int kGridP = 32;
+
+template <typename T>
+__global__ void deltanet_qkv_grid_kernel(const T* __restrict__ conv, int64_t Cd, int64_t Lmax, int64_t Lp,
+                                         const int64_t* __restrict__ lens, int nk, int nv, int dk, int dv,
+                                         float scale, float* __restrict__ q, float* __restrict__ k,
+                                         float* __restrict__ v) {
+  __shared__ float tile[256][kGridP + 1];
+  __shared__ float inv[kGridP];
+  const int slot = blockIdx.y;
+  const int64_t d = blockIdx.z, p0 = int64_t(blockIdx.x) * kGridP;
+  int kind, head, hd;
+  int64_t ch0;
+  if (slot < nk) {
+    kind = 0, head = slot, hd = dk, ch0 = int64_t(head) * dk;
+  } else if (slot < 2 * nk) {
+    kind = 1, head = slot - nk, hd = dk, ch0 = int64_t(nk + head) * dk;
+  } else {
+    kind = 2, head = slot - 2 * nk, hd = dv, ch0 = int64_t(2 * nk) * dk + int64_t(head) * dv;
+  }
+  const int64_t len = lens[d];
+  const T* src = conv + (d * Cd + ch0) * Lmax;
+  for (int i = threadIdx.x; i < hd * kGridP; i += blockDim.x) {
+    const int c = i / kGridP, pp = i % kGridP;
+    const int64_t p = p0 + pp;
+    float x = 0.f;
+    if (p < len) x = to_f(from_f<T>(silu_exact(to_f(src[int64_t(c) * Lmax + p]))));
+    tile[c][pp] = x;
+  }
+  __syncthreads();
+  if (kind < 2) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    for (int pp = warp; pp < kGridP; pp += warps) {
+      float ss = 0.f;
+      for (int c = lane; c < hd; c += 32) ss += tile[c][pp] * tile[c][pp];
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+      if (lane == 0) inv[pp] = rsqrtf(ss + 1e-6f) * (kind == 0 ? scale : 1.f);
+    }
+    __syncthreads();
+  }
+  const int ratio = kind < 2 ? nv / nk : 1;
+  float* dst = kind == 0 ? q : (kind == 1 ? k : v);
+  for (int r = 0; r < ratio; ++r) {
+    const int64_t hv = kind < 2 ? int64_t(head) * ratio + r : head;
+    float* out = dst + (d * nv + hv) * Lp * hd;
+    for (int i = threadIdx.x; i < hd * kGridP; i += blockDim.x) {
+      const int pp = i / hd, c = i % hd;
+      const int64_t p = p0 + pp;
+      if (p >= Lp) continue;
+      float x = tile[c][pp];
+      if (kind < 2) x *= inv[pp];
+      out[p * hd + c] = x;
+    }
+  }
+}
+
+// One warp per (token, value head); lane l holds elements l, l + 32, ... (< dv <= 256).
+template <typename T>
+__global__ void deltanet_gated_out_kernel(const float* __restrict__ o, const int64_t* __restrict__ dest,
+                                          int64_t T_tokens, int nv, int dv, int64_t Lp, int64_t Lmax,
+                                          const T* __restrict__ z, int64_t ldz, const T* __restrict__ w,
+                                          float eps, T* __restrict__ y) {
+  const int warps = blockDim.x / 32, lane = threadIdx.x % 32;
+  const int64_t row = int64_t(blockIdx.x) * warps + threadIdx.x / 32;
+  if (row >= T_tokens * nv) return;  // the whole warp shares the row
+  const int64_t t = row / nv;
+  const int h = int(row % nv);
+  const int64_t slot = dest[t], d = slot / Lmax, p = slot % Lmax;
+  const float* op = o + ((d * nv + h) * Lp + p) * dv;
+  float vals[8];
+  float ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int c = lane + 32 * j;
+    const float x = c < dv ? to_f(from_f<T>(op[c])) : 0.f;
+    vals[j] = x;
+    ss += x * x;
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, off);
+  const float r = rsqrtf(ss / float(dv) + eps);
+  const T* zp = z + t * ldz + int64_t(h) * dv;
+  T* yp = y + (t * nv + h) * int64_t(dv);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const int c = lane + 32 * j;
+    if (c >= dv) break;
+    const float n = to_f(from_f<T>(vals[j] * r));
+    const float pw = to_f(from_f<T>(to_f(w[c]) * n));
+    const float g = to_f(zp[c]);
+    yp[c] = from_f<T>(pw * silu_exact(g));
+  }
+}
+
+template <typename T>
+void launch_qkv_grid(const void* conv, int64_t D, int64_t Cd, int64_t Lmax, int64_t Lp, const int64_t* lens,
+                     int nk, int nv, int dk, int dv, float scale, float* q, float* k, float* v, cudaStream_t st) {
+  if (D == 0 || Lp == 0) return;
+  const dim3 grid(unsigned((Lp + kGridP - 1) / kGridP), unsigned(2 * nk + nv), unsigned(D));
+  deltanet_qkv_grid_kernel<T><<<grid, 256, 0, st>>>(static_cast<const T*>(conv), Cd, Lmax, Lp, lens, nk, nv, dk,
+                                                    dv, scale, q, k, v);
+  DFLASH_CHECK_LAUNCH("target Gated DeltaNet q/k/v grid");
+}
+
+template <typename T>
+void launch_gated_out(const float* o, const int64_t* dest, int64_t T_tokens, int nv, int dv, int64_t Lp,
+                      int64_t Lmax, const void* z, int64_t ldz, const void* w, float eps, void* y, cudaStream_t st) {
+  const int threads = 256, warps = threads / 32;
+  const int64_t rows = T_tokens * nv, blocks = (rows + warps - 1) / warps;
+  if (blocks == 0) return;
+  deltanet_gated_out_kernel<T><<<unsigned(blocks), threads, 0, st>>>(
+      o, dest, T_tokens, nv, dv, Lp, Lmax, static_cast<const T*>(z), ldz, static_cast<const T*>(w), eps,
+      static_cast<T*>(y));
+  DFLASH_CHECK_LAUNCH("target Gated DeltaNet gated norm");
 }
 
 template <typename T>
@@ -136,6 +257,26 @@ void launch_silu(const void* gu, void* out, int64_t T_tokens, int64_t I, cudaStr
 }
 
 }  // namespace
+
+void deltanet_qkv_grid(const void* conv, int64_t D, int64_t Cd, int64_t Lmax, int64_t Lp, const int64_t* lens,
+                       int nk, int nv, int dk, int dv, float scale, float* q, float* k, float* v, DType dtype,
+                       cudaStream_t stream) {
+  switch (dtype) {
+    case DType::BF16: launch_qkv_grid<__nv_bfloat16>(conv, D, Cd, Lmax, Lp, lens, nk, nv, dk, dv, scale, q, k, v, stream); break;
+    case DType::F16: launch_qkv_grid<__half>(conv, D, Cd, Lmax, Lp, lens, nk, nv, dk, dv, scale, q, k, v, stream); break;
+    case DType::F32: launch_qkv_grid<float>(conv, D, Cd, Lmax, Lp, lens, nk, nv, dk, dv, scale, q, k, v, stream); break;
+  }
+}
+
+void deltanet_gated_out(const float* o_grid, const int64_t* dest, int64_t T, int nv, int dv, int64_t Lp,
+                        int64_t Lmax, const void* z, int64_t ldz, const void* w, float eps, void* y, DType dtype,
+                        cudaStream_t stream) {
+  switch (dtype) {
+    case DType::BF16: launch_gated_out<__nv_bfloat16>(o_grid, dest, T, nv, dv, Lp, Lmax, z, ldz, w, eps, y, stream); break;
+    case DType::F16: launch_gated_out<__half>(o_grid, dest, T, nv, dv, Lp, Lmax, z, ldz, w, eps, y, stream); break;
+    case DType::F32: launch_gated_out<float>(o_grid, dest, T, nv, dv, Lp, Lmax, z, ldz, w, eps, y, stream); break;
+  }
+}
 
 void qk_norm_rope(void* qkv, int64_t T, int64_t ld, int nq, int nkv, int hd, const void* q_norm,
                   const void* k_norm, float eps, const float* cos, const float* sin, DType dtype,

@@ -1,5 +1,5 @@
 // CUDA kernels of the target model's forward: per-head q/k RMSNorm + RoPE in place on the fused
-// qkv GEMM output, and SiLU gating. Plain pointers and sizes only (no LibTorch here): the
+// qkv GEMM output, SiLU gating, and the Gated DeltaNet's data movement around its chunked rule. Plain pointers and sizes only (no LibTorch here): the
 // tensor checks live in target_ops.cpp, the one caller.
 //
 // Owns nothing. Launches are asynchronous on the given stream. Thread-safety: stateless.
@@ -23,5 +23,24 @@ void qk_norm_rope(void* qkv, int64_t T, int64_t ld, int nq, int nkv, int hd, con
 
 // out[t, i] = silu(gu[t, i]) * gu[t, I + i]; gu [T, 2I] contiguous, out [T, I] contiguous.
 void silu_mul(const void* gu, void* out, int64_t T, int64_t I, DType dtype, cudaStream_t stream);
+
+// Gated DeltaNet (target_deltanet.cpp): the data movement around the chunked rule, fused.
+// conv [D, Cd, Lmax] (the causal conv's output before SiLU, contiguous, channels q | k | v as in
+// DeltaNetSpec) -> SiLU (rounded to `dtype`, as at::silu), q and k L2-normalised per head
+// (x * rsqrt(sum x^2 + 1e-6)), q also times `scale`, key head j expanded to value heads
+// j * nv / nk ..., v as is: float32 in the heads-first padded grid q, k [D, nv, Lp, dk],
+// v [D, nv, Lp, dv]; positions p >= lens[d] (lens on the device) are written as zeros.
+// dk, dv <= 256; nv a multiple of nk.
+void deltanet_qkv_grid(const void* conv, int64_t D, int64_t Cd, int64_t Lmax, int64_t Lp, const int64_t* lens,
+                       int nk, int nv, int dk, int dv, float scale, float* q, float* k, float* v, DType dtype,
+                       cudaStream_t stream);
+
+// The gated RMSNorm of every token t and value head h, read from the grid slot dest[t] =
+// d * Lmax + p of o_grid [D, nv, Lp, dv] (float32): o = round(o_grid[d, h, p, :]) to `dtype`,
+// n = round(o * rsqrt(mean(o^2) + eps)), y[t, h * dv + c] = round(round(w[c] * n[c]) * silu(z[t, h * dv + c]))
+// (z rows of stride ldz; w [dv]; z, w, y in `dtype`; y [T, nv * dv] contiguous). dv <= 256.
+void deltanet_gated_out(const float* o_grid, const int64_t* dest, int64_t T, int nv, int dv, int64_t Lp,
+                        int64_t Lmax, const void* z, int64_t ldz, const void* w, float eps, void* y, DType dtype,
+                        cudaStream_t stream);
 
 }  // namespace dflash::model::kernels

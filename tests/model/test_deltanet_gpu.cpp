@@ -1,0 +1,113 @@
+// The fused CUDA path of the Gated DeltaNet layer (DFLASH_TARGET_DELTANET_FUSED=1: the kernels
+// deltanet_qkv_grid and deltanet_gated_out of target_kernels.h) against the ATen path on the same
+// GPU in bf16, and both against a float32 CPU reference of the same layer (the ATen path, itself
+// checked against transformers in test_target_qwen35.py):
+//  - packed documents of unequal lengths (1, 37, 64, 100 tokens: one token, a chunk boundary, a
+//    partial last chunk), realistic head sizes (dk = dv = 128, nv = 2 nk) and odd ones (32 / 48);
+//  - the cache path: each document continues a row of a DeltaNetState (recurrent state and conv
+//    window in), and the states it leaves are compared too.
+// Tolerance: the fused error against float32 at most 1.5x the ATen path's plus 1e-3 (the same
+// bf16 roundings, summed in another order; a wrong head, position or document is O(1)), and
+// fused vs ATen within 2e-2 of the output's scale. Skipped without a CUDA device.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include <ATen/ATen.h>
+#include <ATen/Context.h>
+
+#include "trainer/model/target_deltanet.h"
+
+using namespace dflash::model;
+
+namespace {
+
+// DFLASH_TEST_GPU_ON_CPU=1 runs the comparison with bf16 on the CPU (the fused path then is the
+// ATen one: it checks the test itself).
+bool on_cpu() { return !at::hasCUDA() && std::getenv("DFLASH_TEST_GPU_ON_CPU"); }
+bool have_cuda() { return at::hasCUDA() || on_cpu(); }
+
+double rel(const at::Tensor& a, const at::Tensor& b) {
+  at::Tensor af = a.to(at::kCPU, at::kFloat), bf = b.to(at::kCPU, at::kFloat);
+  return (af - bf).abs().max().item<double>() / std::max(1e-30, bf.abs().max().item<double>());
+}
+
+struct Layer {
+  DeltaNetSpec s;
+  DeltaNetWeights w;
+};
+
+Layer make(int64_t H, int64_t nk, int64_t nv, int64_t dk, int64_t dv, uint64_t seed) {
+  at::manual_seed(seed);
+  Layer l;
+  l.s.nk = nk, l.s.nv = nv, l.s.dk = dk, l.s.dv = dv, l.s.kernel = 4, l.s.eps = 1e-6;
+  const int64_t rows = l.s.conv_dim() + l.s.value_dim() + 2 * nv;
+  l.w.w_in = at::randn({rows, H}) / std::sqrt(double(H));
+  l.w.conv = at::randn({l.s.conv_dim(), 4}) * 0.5;
+  l.w.A_log = at::rand({nv}) * 2 - 1;
+  l.w.dt_bias = at::randn({nv}) * 0.5;
+  l.w.norm = 1 + at::randn({dv}) * 0.1;
+  l.w.w_out = at::randn({H, l.s.value_dim()}) / std::sqrt(double(l.s.value_dim()));
+  return l;
+}
+
+DeltaNetWeights to(const DeltaNetWeights& w, const at::Device& dev, at::ScalarType dt) {
+  DeltaNetWeights o;
+  o.w_in = w.w_in.to(dev, dt), o.conv = w.conv.to(dev, dt), o.norm = w.norm.to(dev, dt), o.w_out = w.w_out.to(dev, dt);
+  o.A_log = w.A_log.to(dev), o.dt_bias = w.dt_bias.to(dev);  // float32, as loaded
+  return o;
+}
+
+void compare(int64_t dk, int64_t dv, bool with_state) {
+  const int64_t H = 256, nk = 2, nv = 4, K = 4;
+  Layer l = make(H, nk, nv, dk, dv, 11 + dk + dv + with_state);
+  const std::vector<int64_t> cu = {0, 1, 38, 102, 202};  // lengths 1, 37, 64, 100
+  const int64_t T = cu.back(), D = int64_t(cu.size()) - 1;
+  at::Tensor x = at::randn({T, H});
+  const at::Device gpu = on_cpu() ? at::Device(at::kCPU) : at::Device("cuda:0");
+  DeltaNetState st_ref, st0;
+  if (with_state) {
+    st_ref.conv = at::randn({D + 2, l.s.conv_dim(), K - 1}) * 0.5;
+    st_ref.rec = at::randn({D + 2, nv, dk, dv}) * 0.05;
+  }
+  at::Tensor rows = at::tensor(std::vector<int64_t>{3, 0, 5, 1}, at::kLong);  // documents continue these rows
+  auto run = [&](const at::Device& dev, at::ScalarType dt, bool fused, DeltaNetState* out_state) {
+    set_deltanet_fused(fused);
+    DeltaNetState st;
+    if (with_state) st = {st_ref.conv.to(dev, dt).clone(), st_ref.rec.to(dev).clone()};  // the forward writes them
+    at::Tensor y = deltanet_forward(x.to(dev, dt), cu, to(l.w, dev, dt), l.s, with_state ? &st : nullptr,
+                                    with_state ? rows.to(dev) : at::Tensor());
+    if (out_state) *out_state = {st.conv.defined() ? st.conv.to(at::kCPU, at::kFloat) : at::Tensor(),
+                                 st.rec.defined() ? st.rec.to(at::kCPU) : at::Tensor()};
+    return y.to(at::kCPU, at::kFloat);
+  };
+  DeltaNetState s32, s_aten, s_fused;
+  at::Tensor ref = run(at::kCPU, at::kFloat, false, &s32);
+  at::Tensor aten = run(gpu, at::kBFloat16, false, &s_aten);
+  at::Tensor fused = run(gpu, at::kBFloat16, true, &s_fused);
+  set_deltanet_fused(false);
+  ASSERT_TRUE(at::isfinite(fused).all().item<bool>());
+  const double e_aten = rel(aten, ref), e_fused = rel(fused, ref), e_pair = rel(fused, aten);
+  std::printf("dk %ld dv %ld state %d: vs float32 CPU: aten %.3e fused %.3e; fused vs aten %.3e\n", long(dk),
+              long(dv), int(with_state), e_aten, e_fused, e_pair);
+  EXPECT_LE(e_fused, 1.5 * e_aten + 1e-3);
+  EXPECT_LE(e_pair, 2e-2);
+  if (with_state) {
+    EXPECT_LE(rel(s_fused.rec, s32.rec), 1.5 * rel(s_aten.rec, s32.rec) + 1e-3);
+    EXPECT_LE(rel(s_fused.conv, s_aten.conv), 0.0) << "the conv window is copied, not computed";
+  }
+}
+
+TEST(DeltaNetFused, MatchesAtenPathPacked) {
+  if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
+  compare(128, 128, false);
+  compare(32, 48, false);
+}
+
+TEST(DeltaNetFused, MatchesAtenPathWithState) {
+  if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
+  compare(128, 128, true);
+  compare(32, 48, true);
+}
+
+}  // namespace
