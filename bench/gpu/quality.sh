@@ -23,9 +23,9 @@
 # Called by run_all.sh as `quality.sh BUILD OUT` it runs `all` when DFLASH_GGUF is set, else skips.
 #
 # Settings (environment): DFLASH_GGUF, DFLASH_QUALITY_MODEL (an HF directory instead of the GGUF),
-# DFLASH_BUILD (default /tmp/dflash-gpu-build), DFLASH_PYTHON (python3), Q_TRAIN (16000 prompts),
+# DFLASH_BUILD (default /tmp/dflash-gpu-build), DFLASH_PYTHON (python3), Q_TRAIN (24000 prompts),
 # Q_EVAL (512 held-out prompts made, Q_EVAL_PROMPTS=256 evaluated), Q_REGEN_BATCH (512),
-# Q_MAX_NEW (384), Q_SPEED_PROMPTS (512), Q_STEPS (1500: the 2026-12-01 run reached held-out tau 2.43 after 1000 steps in a 10.1-minute chain, still rising), Q_ABLATION ("drafter.num_layers=1"),
+# Q_MAX_NEW (384), Q_SPEED_PROMPTS (512), Q_STEPS (1400; the 2026-12-01 run reached held-out tau 2.43 after 1000 steps on 16000 prompts in a 10.1-minute chain, still rising, with a training estimate of 5.31: more steps and more data), Q_ABLATION ("drafter.num_layers=1"),
 # Q_EVAL_BATCH (128), Q_EVAL_MAX_NEW (256), Q_EVAL_EVERY (250: real tau during training on 32
 # held-out prompts x 128 tokens, for the curve; 0: off), Q_DEVICE (auto), Q_OVERRIDES (more config overrides),
 # Q_SKIP_HF=1 (no transformers comparison), Q_SKIP_CACHE=1 (no cache-engine run in the speed step), Q_TOY=1 (CPU smoke run: tests/real/test_chain.py).
@@ -51,9 +51,9 @@ mkdir -p "$S" "$OUT"; S=$(realpath "$S"); OUT=$(realpath "$OUT")
 RANK=$BUILD/trainer/dflash_rank
 BUDGET=${STAGE_BUDGET_S:-540}
 [ "$STAGE" = all ] && BUDGET=${STAGE_BUDGET_S:-3600}
-Q_TRAIN=${Q_TRAIN:-16000}; Q_EVAL=${Q_EVAL:-512}; Q_EVAL_PROMPTS=${Q_EVAL_PROMPTS:-256}
+Q_TRAIN=${Q_TRAIN:-24000}; Q_EVAL=${Q_EVAL:-512}; Q_EVAL_PROMPTS=${Q_EVAL_PROMPTS:-256}
 Q_REGEN_BATCH=${Q_REGEN_BATCH:-512}; Q_MAX_NEW=${Q_MAX_NEW:-384}; Q_SPEED_PROMPTS=${Q_SPEED_PROMPTS:-512}
-Q_STEPS=${Q_STEPS:-1500}; Q_ABLATION=${Q_ABLATION:-drafter.num_layers=1}
+Q_STEPS=${Q_STEPS:-1400}; Q_ABLATION=${Q_ABLATION:-drafter.num_layers=1}
 Q_EVAL_BATCH=${Q_EVAL_BATCH:-128}; Q_EVAL_MAX_NEW=${Q_EVAL_MAX_NEW:-256}; Q_DEVICE=${Q_DEVICE:-auto}
 Q_EVAL_EVERY=${Q_EVAL_EVERY:-250}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
