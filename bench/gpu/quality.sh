@@ -28,7 +28,7 @@
 # Q_MAX_NEW (384), Q_SPEED_PROMPTS (512), Q_STEPS (1400; the 2026-12-01 run reached held-out tau 2.43 after 1000 steps on 16000 prompts in a 10.1-minute chain, still rising, with a training estimate of 5.31: more steps and more data), Q_ABLATION ("drafter.num_layers=1"),
 # Q_EVAL_BATCH (128), Q_EVAL_MAX_NEW (256), Q_EVAL_EVERY (250: real tau during training on 32
 # held-out prompts x 128 tokens, for the curve; 0: off), Q_DEVICE (auto), Q_OVERRIDES (more config overrides),
-# Q_SKIP_HF=1 (no transformers comparison), Q_SKIP_CACHE=1 (no cache-engine run in the speed step), Q_TOY=1 (CPU smoke run: tests/real/test_chain.py).
+# Q_TRAIN_CAP (420: seconds of training per stage call), Q_SKIP_HF=1 (no transformers comparison), Q_SKIP_CACHE=1 (no cache-engine run in the speed step), Q_TOY=1 (CPU smoke run: tests/real/test_chain.py).
 # targets: dflash_rank
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -196,7 +196,7 @@ train_eval() {
   local name=$1; shift
   local dir=$S/run_$name
   if [ ! -f "$dir/exports/final/config.json" ]; then
-    step "train $name ($Q_STEPS steps${*:+, $*})" 420
+    step "train $name ($Q_STEPS steps${*:+, $*})" "${Q_TRAIN_CAP:-420}"
     [ "$T" -gt 0 ] || return 1
     # a run cut short continues from its latest state; one without a state starts over
     local resume=()
