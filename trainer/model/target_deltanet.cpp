@@ -259,6 +259,38 @@ std::pair<at::Tensor, at::Tensor> gated_delta_rule_chunked(const at::Tensor& q_i
 
 namespace {
 
+// The grid slots of a packed batch (dest[t] = d * Lmax + p, conv_dest[t] the slot in the conv's
+// grid with K - 1 leading rows, lens[d]) on the device. Every linear layer of one forward has the
+// same documents: the last index is kept per thread and reused, so the host builds and uploads it
+// once per forward, not once per layer (a blocking upload also waits for the stream), and the
+// upload is from pinned memory, without a stream sync.
+struct GridIndex {
+  std::vector<int64_t> cu;
+  int64_t K = 0;
+  c10::Device device = c10::Device(c10::kCPU);
+  at::Tensor dest, conv_dest, lens;
+};
+
+const GridIndex& grid_index(const std::vector<int64_t>& cu, int64_t Lmax, int64_t K, const c10::Device& device) {
+  thread_local GridIndex last;
+  if (last.dest.defined() && last.cu == cu && last.K == K && last.device == device) return last;
+  const int64_t D = int64_t(cu.size()) - 1, T = cu.back();
+  at::Tensor host = at::empty({2 * T + D}, at::kLong);
+  int64_t* dest = host.data_ptr<int64_t>();
+  int64_t* conv_dest = dest + T;
+  int64_t* lens = dest + 2 * T;
+  for (int64_t d = 0; d < D; ++d) {
+    lens[d] = cu[d + 1] - cu[d];
+    for (int64_t t = cu[d]; t < cu[d + 1]; ++t) {
+      dest[t] = d * Lmax + (t - cu[d]);
+      conv_dest[t] = d * (Lmax + K - 1) + (K - 1) + (t - cu[d]);
+    }
+  }
+  at::Tensor dev = device.is_cuda() ? host.pin_memory().to(device, /*non_blocking=*/true) : host;
+  last = GridIndex{cu, K, device, dev.narrow(0, 0, T), dev.narrow(0, T, T), dev.narrow(0, 2 * T, D)};
+  return last;
+}
+
 // The state a cache keeps of each document's row: the final recurrent state, and the last K - 1
 // conv inputs ext[d, n_d .. n_d + K - 2].
 void save_state(DeltaNetState& state, const at::Tensor& rows, const at::Tensor& S, const at::Tensor& ext,
@@ -293,9 +325,7 @@ at::Tensor fused_rest(const at::Tensor& x, const std::vector<int64_t>& cu, const
   const int64_t C = std::min<int64_t>(chunk_size(), Lmax), Lp = (Lmax + C - 1) / C * C;
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   section("qkv_gates");
-  std::vector<int64_t> lens(D);
-  for (int64_t d = 0; d < D; ++d) lens[d] = cu[d + 1] - cu[d];
-  at::Tensor lens_t = at::tensor(lens, at::kLong).to(x.device());
+  const at::Tensor lens_t = grid_index(cu, Lmax, s.kernel, x.device()).lens;
   auto f32 = x.options().dtype(at::kFloat);
   at::Tensor q = at::empty({D, s.nv, Lp, s.dk}, f32), k = at::empty({D, s.nv, Lp, s.dk}, f32);
   at::Tensor v = at::empty({D, s.nv, Lp, s.dv}, f32);
@@ -339,14 +369,8 @@ at::Tensor deltanet_forward(const at::Tensor& x, const std::vector<int64_t>& cu,
   // Documents as rows of a zero-padded grid [D, Lmax, ...]: dest[t] = d * Lmax + (t - cu[d]).
   int64_t Lmax = 0;
   for (int64_t d = 0; d < D; ++d) Lmax = std::max(Lmax, cu[d + 1] - cu[d]);
-  std::vector<int64_t> dest(T), conv_dest(T);
-  for (int64_t d = 0; d < D; ++d)
-    for (int64_t t = cu[d]; t < cu[d + 1]; ++t) {
-      dest[t] = d * Lmax + (t - cu[d]);
-      conv_dest[t] = d * (Lmax + K - 1) + (K - 1) + (t - cu[d]);
-    }
-  at::Tensor dest_t = at::tensor(dest, at::kLong).to(x.device());
-  at::Tensor conv_dest_t = at::tensor(conv_dest, at::kLong).to(x.device());
+  const GridIndex& gi = grid_index(cu, Lmax, K, x.device());
+  const at::Tensor dest_t = gi.dest, conv_dest_t = gi.conv_dest;
   auto to_grid = [&](const at::Tensor& t) {
     std::vector<int64_t> shape = {D * Lmax};
     shape.insert(shape.end(), t.sizes().begin() + 1, t.sizes().end());
