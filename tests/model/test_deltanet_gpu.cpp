@@ -7,8 +7,8 @@
 //  - the cache path: each document continues a row of a DeltaNetState (recurrent state and conv
 //    window in), and the states it leaves are compared too.
 // Tolerance: the fused error against float32 at most 1.5x the ATen path's plus 1e-3 (the same
-// bf16 roundings, summed in another order; a wrong head, position or document is O(1)), and
-// fused vs ATen within 2e-2 of the output's scale. Skipped without a CUDA device.
+// bf16 roundings, summed in another order; a wrong head, position or document is O(1)), fused vs
+// ATen within 2e-2 of the output's scale at most and 1e-3 on average. Skipped without a CUDA device.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
@@ -22,14 +22,20 @@ using namespace dflash::model;
 
 namespace {
 
-// DFLASH_TEST_GPU_ON_CPU=1 runs the comparison with bf16 on the CPU (the fused path then is the
-// ATen one: it checks the test itself).
+// DFLASH_TEST_GPU_ON_CPU=1 runs the comparison with bf16 on the CPU, where the fused path runs
+// the kernels' arithmetic in ATen: it checks the path's glue and the test itself (a 1% error in
+// q's scale fails it there).
 bool on_cpu() { return !at::hasCUDA() && std::getenv("DFLASH_TEST_GPU_ON_CPU"); }
 bool have_cuda() { return at::hasCUDA() || on_cpu(); }
 
 double rel(const at::Tensor& a, const at::Tensor& b) {
   at::Tensor af = a.to(at::kCPU, at::kFloat), bf = b.to(at::kCPU, at::kFloat);
   return (af - bf).abs().max().item<double>() / std::max(1e-30, bf.abs().max().item<double>());
+}
+
+double mean_rel(const at::Tensor& a, const at::Tensor& b) {
+  at::Tensor af = a.to(at::kCPU, at::kFloat), bf = b.to(at::kCPU, at::kFloat);
+  return (af - bf).abs().mean().item<double>() / std::max(1e-30, bf.abs().mean().item<double>());
 }
 
 struct Layer {
@@ -88,10 +94,14 @@ void compare(int64_t dk, int64_t dv, bool with_state) {
   set_deltanet_fused(false);
   ASSERT_TRUE(at::isfinite(fused).all().item<bool>());
   const double e_aten = rel(aten, ref), e_fused = rel(fused, ref), e_pair = rel(fused, aten);
-  std::printf("dk %ld dv %ld state %d: vs float32 CPU: aten %.3e fused %.3e; fused vs aten %.3e\n", long(dk),
-              long(dv), int(with_state), e_aten, e_fused, e_pair);
+  const double m_pair = mean_rel(fused, aten);
+  std::printf("dk %ld dv %ld state %d: vs float32 CPU: aten %.3e fused %.3e; fused vs aten %.3e (mean %.3e)\n",
+              long(dk), long(dv), int(with_state), e_aten, e_fused, e_pair, m_pair);
   EXPECT_LE(e_fused, 1.5 * e_aten + 1e-3);
   EXPECT_LE(e_pair, 2e-2);
+  // The same roundings in another summation order flip few bf16 outputs by an ulp; a systematic
+  // error (a 1% scale of q: mean 3e-3 on the CPU check) moves the mean.
+  EXPECT_LE(m_pair, 1e-3);
   if (with_state) {
     EXPECT_LE(rel(s_fused.rec, s32.rec), 1.5 * rel(s_aten.rec, s32.rec) + 1e-3);
     EXPECT_LE(rel(s_fused.conv, s_aten.conv), 0.0) << "the conv window is copied, not computed";

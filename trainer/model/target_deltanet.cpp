@@ -51,14 +51,19 @@ std::pair<at::Tensor, at::Tensor> gates(const at::Tensor& proj, const DeltaNetWe
 }
 
 // Gated RMSNorm over dv and out_proj: o [N, nv, dv] (model dtype), z from proj.
-at::Tensor gated_out(const at::Tensor& o, const at::Tensor& proj, const DeltaNetWeights& w,
-                     const DeltaNetSpec& s) {
+// The gated RMSNorm alone: o [N, nv, dv] (model dtype) -> [N, value_dim].
+at::Tensor gated_norm(const at::Tensor& o, const at::Tensor& proj, const DeltaNetWeights& w, const DeltaNetSpec& s) {
   const int64_t N = o.size(0);
   at::Tensor z = proj.narrow(1, s.conv_dim(), s.value_dim()).reshape({N, s.nv, s.dv});
   at::Tensor of = o.to(at::kFloat);
   at::Tensor n = (of * at::rsqrt(of.pow(2).mean(-1, true) + s.eps)).to(o.scalar_type());
   at::Tensor y = ((w.norm * n).to(at::kFloat) * at::silu(z.to(at::kFloat))).to(o.scalar_type());
-  return at::mm(y.reshape({N, s.value_dim()}), w.w_out.t());
+  return y.reshape({N, s.value_dim()});
+}
+
+at::Tensor gated_out(const at::Tensor& o, const at::Tensor& proj, const DeltaNetWeights& w,
+                     const DeltaNetSpec& s) {
+  return at::mm(gated_norm(o, proj, w, s), w.w_out.t());
 }
 
 bool use_trsm() {
@@ -312,48 +317,93 @@ kernels::DType kernel_dtype(const at::Tensor& t) {
   }
   return kernels::DType::F32;
 }
+#endif
 
-// After the conv, on CUDA (DFLASH_TARGET_DELTANET_FUSED=1): one kernel from the conv output to
-// q, k, v in the rule's heads-first padded grid (SiLU, L2 norms, scale, head expansion, zeros
-// past each document), the rule, and one kernel from its output grid to the gated norm of each
-// token (the un-grid, the rounding to the model dtype, RMSNorm, weight, SiLU(z)); the same
-// arithmetic as the ATen path, without its ~30 passes over [T, nv, d] float32 tensors.
-at::Tensor fused_rest(const at::Tensor& x, const std::vector<int64_t>& cu, const DeltaNetWeights& w,
-                      const DeltaNetSpec& s, DeltaNetState* state, const at::Tensor& rows, const at::Tensor& proj,
-                      const at::Tensor& ext, const at::Tensor& conv, const at::Tensor& dest_t, int64_t Lmax) {
-  const int64_t T = x.size(0), D = int64_t(cu.size()) - 1;
-  const int64_t C = std::min<int64_t>(chunk_size(), Lmax), Lp = (Lmax + C - 1) / C * C;
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  section("qkv_gates");
-  const at::Tensor lens_t = grid_index(cu, Lmax, s.kernel, x.device()).lens;
-  auto f32 = x.options().dtype(at::kFloat);
+// deltanet_qkv_grid (target_kernels.h): the CUDA kernel, or on CPU the same arithmetic in ATen
+// (so the fused path's glue is tested without a GPU: tests/model/test_deltanet_gpu).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_grid(const at::Tensor& conv, const at::Tensor& lens_t,
+                                                        int64_t Lp, const DeltaNetSpec& s) {
+  const int64_t D = conv.size(0), Lmax = conv.size(2);
+  const double scale = 1.0 / std::sqrt(double(s.dk));
+  auto f32 = conv.options().dtype(at::kFloat);
   at::Tensor q = at::empty({D, s.nv, Lp, s.dk}, f32), k = at::empty({D, s.nv, Lp, s.dk}, f32);
   at::Tensor v = at::empty({D, s.nv, Lp, s.dv}, f32);
-  kernels::deltanet_qkv_grid(conv.data_ptr(), D, s.conv_dim(), Lmax, Lp, lens_t.data_ptr<int64_t>(), int(s.nk),
-                             int(s.nv), int(s.dk), int(s.dv), float(1.0 / std::sqrt(double(s.dk))), q.data_ptr<float>(),
-                             k.data_ptr<float>(), v.data_ptr<float>(), kernel_dtype(conv), stream);
+#ifdef DFLASH_CUDA
+  if (conv.is_cuda()) {
+    kernels::deltanet_qkv_grid(conv.data_ptr(), D, s.conv_dim(), Lmax, Lp, lens_t.data_ptr<int64_t>(), int(s.nk),
+                               int(s.nv), int(s.dk), int(s.dv), float(scale), q.data_ptr<float>(),
+                               k.data_ptr<float>(), v.data_ptr<float>(), kernel_dtype(conv), at::cuda::getCurrentCUDAStream());
+    return {q, k, v};
+  }
+#endif
+  at::Tensor x = at::silu(conv).to(at::kFloat);  // rounded to the model dtype first, as the kernel
+  at::Tensor valid = at::arange(Lp, lens_t.options()).unsqueeze(0).lt(lens_t.unsqueeze(1));  // [D, Lp]
+  auto heads = [&](int64_t c0, int64_t n, int64_t hd) {  // [D, n, Lp, hd], zeros past each document
+    at::Tensor t = x.narrow(1, c0, n * hd).view({D, n, hd, Lmax}).transpose(2, 3);
+    t = at::constant_pad_nd(t, {0, 0, 0, Lp - Lmax});
+    return t * valid.view({D, 1, Lp, 1}).to(at::kFloat);
+  };
+  const int64_t kd = s.nk * s.dk, ratio = s.nv / s.nk;
+  at::Tensor qh = heads(0, s.nk, s.dk), kh = heads(kd, s.nk, s.dk);
+  qh = qh * at::rsqrt((qh * qh).sum(-1, true) + 1e-6) * scale;
+  kh = kh * at::rsqrt((kh * kh).sum(-1, true) + 1e-6);
+  q.copy_(qh.repeat_interleave(ratio, 1));
+  k.copy_(kh.repeat_interleave(ratio, 1));
+  v.copy_(heads(2 * kd, s.nv, s.dv));
+  return {q, k, v};
+}
+
+// deltanet_gated_out (target_kernels.h): the CUDA kernel, or on CPU the same in ATen.
+at::Tensor gated_out_grid(const at::Tensor& o, const at::Tensor& dest_t, int64_t Lmax, const at::Tensor& proj,
+                          const DeltaNetWeights& w, const DeltaNetSpec& s, const at::ScalarType dtype) {
+  const int64_t T = dest_t.size(0), Lp = o.size(2);
+  at::Tensor wn = w.norm.to(dtype).contiguous();
+#ifdef DFLASH_CUDA
+  if (o.is_cuda()) {
+    at::Tensor y = at::empty({T, s.value_dim()}, proj.options());
+    at::Tensor z = proj.narrow(1, s.conv_dim(), s.value_dim());
+    kernels::deltanet_gated_out(o.data_ptr<float>(), dest_t.data_ptr<int64_t>(), T, int(s.nv), int(s.dv), Lp, Lmax,
+                                z.data_ptr(), proj.stride(0), wn.data_ptr(), float(s.eps), y.data_ptr(),
+                                kernel_dtype(proj), at::cuda::getCurrentCUDAStream());
+    return y;
+  }
+#endif
+  at::Tensor slots = dest_t.div(Lmax, "floor") * Lp + dest_t.remainder(Lmax);  // integer division
+  at::Tensor rows = o.permute({0, 2, 1, 3}).reshape({o.size(0) * Lp, s.nv, s.dv}).index_select(0, slots);
+  DeltaNetWeights wd = w;
+  wd.norm = wn;
+  return gated_norm(rows.to(dtype), proj, wd, s);
+}
+
+// After the conv (DFLASH_TARGET_DELTANET_FUSED=1): one kernel from the conv output to q, k, v
+// in the rule's heads-first padded grid (SiLU, L2 norms, scale, head expansion, zeros past each
+// document), the rule, and one kernel from its output grid to the gated norm of each token (the
+// un-grid, the rounding to the model dtype, RMSNorm, weight, SiLU(z)); the same arithmetic as
+// the ATen path, without its ~30 passes over [T, nv, d] float32 tensors.
+at::Tensor fused_rest(const at::Tensor& x, const std::vector<int64_t>& cu, const DeltaNetWeights& w,
+                      const DeltaNetSpec& s, DeltaNetState* state, const at::Tensor& rows, const at::Tensor& proj,
+                      const at::Tensor& ext, const at::Tensor& conv, const at::Tensor& dest_t,
+                      const at::Tensor& lens_t, int64_t Lmax) {
+  const int64_t D = int64_t(cu.size()) - 1;
+  const int64_t C = std::min<int64_t>(chunk_size(), Lmax), Lp = (Lmax + C - 1) / C * C;
+  section("qkv_gates");
+  auto [q, k, v] = qkv_grid(conv, lens_t, Lp, s);
   auto [beta, g] = gates(proj, w, s);  // [T, nv] float32
   section("to_grid");
+  at::Tensor slots = dest_t.div(Lmax, "floor") * Lp + dest_t.remainder(Lmax);  // integer division
   auto grid_hf = [&](const at::Tensor& t) {  // [T, nv] -> [D, nv, Lp], zeros past each document
     at::Tensor grid = at::zeros({D * Lp, s.nv}, t.options());
-    grid.index_copy_(0, (dest_t / Lmax) * Lp + dest_t % Lmax, t);
+    grid.index_copy_(0, slots, t);
     return grid.view({D, Lp, s.nv}).transpose(1, 2).contiguous();
   };
   at::Tensor S0 = state ? state->rec.index_select(0, rows) : at::Tensor();
   auto [o, S] = chunked_heads_first(q, k, v, grid_hf(g), grid_hf(beta), C, S0);
   section("out");
   if (state) save_state(*state, rows, S, ext, cu, s.kernel);
-  at::Tensor y = at::empty({T, s.value_dim()}, x.options());
-  at::Tensor z = proj.narrow(1, s.conv_dim(), s.value_dim());
-  at::Tensor wn = w.norm.to(x.scalar_type()).contiguous();
-  kernels::deltanet_gated_out(o.data_ptr<float>(), dest_t.data_ptr<int64_t>(), T, int(s.nv), int(s.dv), Lp, Lmax,
-                              z.data_ptr(), proj.stride(0), wn.data_ptr(), float(s.eps), y.data_ptr(),
-                              kernel_dtype(x), stream);
-  at::Tensor out = at::mm(y, w.w_out.t());
+  at::Tensor out = at::mm(gated_out_grid(o, dest_t, Lmax, proj, w, s, x.scalar_type()), w.w_out.t());
   section(nullptr);
   return out;
 }
-#endif
 
 }  // namespace
 
@@ -394,10 +444,8 @@ at::Tensor deltanet_forward(const at::Tensor& x, const std::vector<int64_t>& cu,
   at::Tensor conv = at::conv1d(ext.transpose(1, 2), w.conv.to(x.scalar_type()).unsqueeze(1), std::nullopt,
                                /*stride=*/at::IntArrayRef(one), /*padding=*/at::IntArrayRef(zero),
                                /*dilation=*/at::IntArrayRef(one), /*groups=*/Cd);  // [D, Cd, Lmax]
-#ifdef DFLASH_CUDA
-  if (x.is_cuda() && deltanet_fused() && s.dk <= 256 && s.dv <= 256 && s.nv % s.nk == 0)
-    return fused_rest(x, cu, w, s, state, rows, proj, ext, conv.contiguous(), dest_t, Lmax);
-#endif
+  if (deltanet_fused() && s.dk <= 256 && s.dv <= 256 && s.nv % s.nk == 0)
+    return fused_rest(x, cu, w, s, state, rows, proj, ext, conv.contiguous(), dest_t, gi.lens, Lmax);
   at::Tensor conv_out = at::silu(conv).transpose(1, 2).reshape({D * Lmax, Cd}).index_select(0, dest_t);
   section("qkv_gates");
   auto [q, k, v] = prepare_qkv(conv_out, s);

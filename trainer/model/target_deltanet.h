@@ -74,10 +74,11 @@ void set_deltanet_tf32(bool on);
 // sequential steps, more intra-chunk work). Read once per process.
 constexpr const char* kDeltaNetChunkEnv = "DFLASH_TARGET_DELTANET_CHUNK";
 
-// DFLASH_TARGET_DELTANET_FUSED=1 (or set_deltanet_fused(true)): on CUDA, two kernels
-// (target_kernels.h: deltanet_qkv_grid, deltanet_gated_out) replace the ATen data movement
-// between the conv and the rule and between the rule and out_proj. Off by default until the GPU
-// test (tests/model/test_deltanet_gpu) and target_family_bench have run it on an H200.
+// DFLASH_TARGET_DELTANET_FUSED=1 (or set_deltanet_fused(true)): two kernels (target_kernels.h:
+// deltanet_qkv_grid, deltanet_gated_out; on CPU the same arithmetic in ATen, which tests the
+// path's glue) replace the ATen data movement between the conv and the rule and between the rule
+// and out_proj. Off by default until the GPU test (tests/model/test_deltanet_gpu) and
+// target_family_bench have run it on an H200.
 constexpr const char* kDeltaNetFusedEnv = "DFLASH_TARGET_DELTANET_FUSED";
 bool deltanet_fused();
 void set_deltanet_fused(bool on);
