@@ -71,9 +71,10 @@ for mode in off on; do
 done
 grep -hE "eval during training:|waited .* at the rendezvous|not done in the target's spare time" \
   "$OUT/eval_pipeline_on.log" | sed 's/^/  /' | tee -a "$SUMMARY"
-"$PY" - "$OUT" "$EVERY" <<'PYEOF' | tee -a "$SUMMARY"
+size=$([ "$TRAIN_PROMPTS" -gt 0 ] && echo "$TRAIN_PROMPTS prompts x $TRAIN_NEW tokens" || echo "64 prompts x 256 tokens")
+"$PY" - "$OUT" "$EVERY" "$size" <<'PYEOF' | tee -a "$SUMMARY"
 import json, re, sys
-out, every = sys.argv[1], int(sys.argv[2])
+out, every, size = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 def rows(name):
     try:
         return [json.loads(l) for l in open(f"{out}/{name}")]
@@ -116,7 +117,7 @@ for e in evals:
 if len(res) == 2:
     ratio = res["on"][0] / res["off"][0]
     print(f"pipeline: tok/s eval on / off = {ratio:.4f} at eval.every={every} "
-          f"(issue 12 bar: >= 0.95; {len(evals)} evals of 64 prompts x 256 tokens in {res['on'][2]} steps); "
+          f"(issue 12 bar: >= 0.95; {len(evals)} evals of {size} in {res['on'][2]} steps); "
           f"whole processes: {res['on'][3] / res['off'][3]:.4f}")
     step_s = res["off"][1] / res["off"][2]
     cost = sorted(e["eval_s"] for e in evals)[len(evals) // 2] if evals else 0  # median eval cost
