@@ -1,6 +1,7 @@
 // Numbers from command-line text (see parse.h).
 #include "core/parse.h"
 
+#include <cstdlib>
 #include <stdexcept>
 
 #include "core/error.h"
@@ -30,6 +31,18 @@ int64_t parse_int(const std::string& text, const std::string& what) {
   std::vector<int64_t> v = parse_int_list(text, what);
   if (v.size() != 1) throw_user("{}: '{}' is not an integer", what, text);
   return v[0];
+}
+
+std::string env_choice(const char* name, const char* fallback, std::initializer_list<const char*> choices) {
+  const char* e = std::getenv(name);
+  std::string v = e ? e : fallback, list;
+  size_t i = 0;
+  for (const char* c : choices) {
+    if (v == c) return v;
+    list += (i == 0 ? "" : (i + 1 == choices.size() ? " or " : ", ")) + std::string(c);
+    ++i;
+  }
+  throw_user("{}={}: expected {}", name, v, list);
 }
 
 }  // namespace dflash

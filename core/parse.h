@@ -1,10 +1,12 @@
 // Numbers from command-line text: a comma-separated list of integers ("2,0,151645"), one integer.
 // Bad text is a user error naming `what` (e.g. "--stop-ids") and the part that is not a number.
+// The value of an environment knob among fixed choices.
 //
 // Owns nothing; stateless. Thread-safety: any.
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -16,5 +18,9 @@ std::vector<int64_t> parse_int_list(const std::string& text, const std::string& 
 
 // Exactly one integer; else UserError "<what>: '<text>' is not an integer".
 int64_t parse_int(const std::string& text, const std::string& what);
+
+// The environment variable `name`, or `fallback` when unset; a value not in `choices` throws
+// UserError "<name>=<value>: expected a, b or c".
+std::string env_choice(const char* name, const char* fallback, std::initializer_list<const char*> choices);
 
 }  // namespace dflash

@@ -43,7 +43,7 @@ echo "setup: $(( $(date +%s) - t0 )) s (random target, data, prompts)" | tee -a 
 STEPS=${DFLASH_EVAL_STEPS:-200}
 EVERY=${DFLASH_EVAL_EVERY:-100}
 # The eval during training: the first TRAIN_PROMPTS held-out prompts x TRAIN_NEW new tokens (one
-# batch of 16; 0: the product's defaults, all 64 prompts x 256 tokens, about 36 s per eval with a
+# batch of 16; 0: the product's defaults, all 64 prompts x 256 tokens, an estimated ~36 s per eval with a
 # random target whose drafter never agrees, which no interval of a bench-length run amortises).
 TRAIN_PROMPTS=${DFLASH_EVAL_TRAIN_PROMPTS:-16}
 TRAIN_NEW=${DFLASH_EVAL_TRAIN_NEW:-128}

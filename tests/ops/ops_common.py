@@ -87,6 +87,15 @@ def mpirun(np_, args, resume=False, timeout=300, **e):
     return p
 
 
+def uninterrupted(root, np_, args_for, name="straight"):
+    """The reference run of a module: `args_for(run_dir)` under mpirun -np np_ in root/name, which
+    must succeed; returns the run directory."""
+    run_dir = os.path.join(root, name)
+    p = mpirun(np_, args_for(run_dir))
+    assert p.returncode == 0, p.all[-3000:]
+    return run_dir
+
+
 def session_pids(sid):
     """Live processes of session `sid` (a launcher started with start_new_session=True and all it
     started: Open MPI puts every rank into a process group of its own, so killpg reaches mpirun

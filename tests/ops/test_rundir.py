@@ -40,10 +40,7 @@ def args(assets, run_dir, **extra):
 
 @pytest.fixture(scope="module")
 def straight(assets):
-    run_dir = os.path.join(assets[0], "straight")
-    p = oc.mpirun(NP, args(assets, run_dir))
-    assert p.returncode == 0, p.all[-3000:]
-    return run_dir
+    return oc.uninterrupted(assets[0], NP, lambda run_dir: args(assets, run_dir))
 
 
 def snapshot(run_dir):

@@ -28,7 +28,7 @@ import time
 
 import pytest
 
-from pipeline_common import ENV, RANK_BIN, SRC  # (and tools/ on sys.path)
+from pipeline_common import ENV, RANK_BIN, SRC, skip_without_rank_and_mpirun  # (and tools/ on sys.path)
 
 STEPS = 24
 LOSS_DROP = 0.4
@@ -38,10 +38,7 @@ RESUME_RTOL = 1e-6
 
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
-    if not os.path.exists(RANK_BIN):
-        pytest.skip(f"{RANK_BIN} not built")
-    if shutil.which("mpirun") is None:
-        pytest.skip("mpirun not found")
+    skip_without_rank_and_mpirun()
     import make_demo_data
     import make_tiny_target
     root = tmp_path_factory.mktemp("e2e")

@@ -7,12 +7,11 @@ loads with the `safetensors` package with DFLASH.md §5's names, shapes and dtyp
 """
 import json
 import os
-import shutil
 import subprocess
 
 import pytest
 
-from pipeline_common import ENV, RANK_BIN, SRC  # (and tools/ on sys.path)
+from pipeline_common import ENV, RANK_BIN, SRC, skip_without_rank_and_mpirun  # (and tools/ on sys.path)
 
 STEPS = {"qwen3_moe": 24, "qwen3_5": 24}
 LOSS_DROP = 0.4
@@ -20,10 +19,7 @@ LOSS_DROP = 0.4
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "qwen3_5"])
 def test_training_run_with_family_target(family, tmp_path):
-    if not os.path.exists(RANK_BIN):
-        pytest.skip(f"{RANK_BIN} not built")
-    if shutil.which("mpirun") is None:
-        pytest.skip("mpirun not found")
+    skip_without_rank_and_mpirun()
     import make_demo_data
     import make_tiny_target
     target = make_tiny_target.make(str(tmp_path / "target"), seed=0, family=family)

@@ -26,17 +26,14 @@ import sys
 
 import pytest
 
-from pipeline_common import ENV, RANK_BIN, SRC  # (and tools/ on sys.path)
+from pipeline_common import ENV, RANK_BIN, SRC, skip_without_rank_and_mpirun  # (and tools/ on sys.path)
 
 STEPS = 8
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    if not os.path.exists(RANK_BIN):
-        pytest.skip(f"{RANK_BIN} not built")
-    if shutil.which("mpirun") is None:
-        pytest.skip("mpirun not found")
+    skip_without_rank_and_mpirun()
     import make_tiny_target
     import prepare_data
     sys.path.insert(0, os.path.join(SRC, "tests", "data"))

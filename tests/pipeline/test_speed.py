@@ -21,30 +21,19 @@ with 8 significant digits are compared to 1e-4 relative, split.json's (one decim
 """
 import json
 import os
-import shutil
 import subprocess
-import sys
 import time
 
 import pytest
 
-SRC = os.environ.get("DFLASH_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "..", ".."))
-BUILD = os.environ.get("DFLASH_BUILD_DIR", os.path.join(SRC, "build"))
-RANK_BIN = os.path.join(BUILD, "trainer", "dflash_rank")
-sys.path.insert(0, os.path.join(SRC, "tools"))
+from pipeline_common import ENV, RANK_BIN, SRC, skip_without_rank_and_mpirun  # (and tools/ on sys.path)
 
 STEPS = 14
-ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-           OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_btl_tcp_if_include="lo",
-           OMPI_MCA_oob_tcp_if_include="lo", OMPI_MCA_mpi_yield_when_idle="1", PYTHONDONTWRITEBYTECODE="1")
 
 
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
-    if not os.path.exists(RANK_BIN):
-        pytest.skip(f"{RANK_BIN} not built")
-    if shutil.which("mpirun") is None:
-        pytest.skip("mpirun not found")
+    skip_without_rank_and_mpirun()
     import numpy as np
     import dflash_shard
     import make_tiny_target

@@ -4,18 +4,18 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
-#include <cstdlib>
 #include <limits>
 #include <string>
 
 #include <ATen/ATen.h>
 
 #include "core/error.h"
+#include "core/parse.h"
 
 #ifdef DFLASH_CUDA
 #include <ATen/cuda/CUDAContext.h>
 
-#include "trainer/model/target_kernels.h"
+#include "trainer/model/target_kernels_dtype.h"
 #endif
 
 namespace dflash::model {
@@ -67,65 +67,40 @@ at::Tensor gated_out(const at::Tensor& o, const at::Tensor& proj, const DeltaNet
 }
 
 bool use_trsm() {
-  static const bool trsm = [] {
-    const char* e = std::getenv(kDeltaNetSolveEnv);
-    std::string v = e ? e : "inverse";
-    if (v != "inverse" && v != "trsm") throw_user("{}={}: expected inverse or trsm", kDeltaNetSolveEnv, v);
-    return v == "trsm";
-  }();
+  static const bool trsm = env_choice(kDeltaNetSolveEnv, "inverse", {"inverse", "trsm"}) == "trsm";
   return trsm;
 }
 
-std::atomic<int> g_tf32{-1};  // -1: not read yet (kDeltaNetTf32Env)
+// A 0/1 environment knob read on first use, which a benchmark or test may set at run time.
+struct EnvFlag {
+  const char* env;
+  std::atomic<int> v{-1};  // -1: not read yet
+  bool get() {
+    int x = v.load();
+    if (x < 0) v.store(x = env_choice(env, "0", {"0", "1"}) == "1");
+    return x == 1;
+  }
+  void set(bool on) { v.store(on ? 1 : 0); }
+};
+EnvFlag g_tf32{kDeltaNetTf32Env}, g_fused{kDeltaNetFusedEnv};
 std::atomic<DeltaNetSectionHook> g_hook{nullptr};
-std::atomic<int> g_fused{-1};  // -1: not read yet (kDeltaNetFusedEnv)
 
 void section(const char* name) {
   if (DeltaNetSectionHook h = g_hook.load(std::memory_order_relaxed)) h(name);
 }
 
 int64_t chunk_size() {
-  static const int64_t c = [] {
-    const char* e = std::getenv(kDeltaNetChunkEnv);
-    std::string v = e ? e : "64";
-    if (v != "16" && v != "32" && v != "64" && v != "128")
-      throw_user("{}={}: expected 16, 32, 64 or 128", kDeltaNetChunkEnv, v);
-    return int64_t(std::stoi(v));
-  }();
+  static const int64_t c = std::stoi(env_choice(kDeltaNetChunkEnv, "64", {"16", "32", "64", "128"}));
   return c;
 }
 
 }  // namespace
 
-bool deltanet_tf32() {
-  int v = g_tf32.load();
-  if (v < 0) {
-    const char* e = std::getenv(kDeltaNetTf32Env);
-    std::string s = e ? e : "0";
-    if (s != "0" && s != "1") throw_user("{}={}: expected 0 or 1", kDeltaNetTf32Env, s);
-    v = s == "1";
-    g_tf32.store(v);
-  }
-  return v == 1;
-}
-
-void set_deltanet_tf32(bool on) { g_tf32.store(on ? 1 : 0); }
-
+bool deltanet_tf32() { return g_tf32.get(); }
+void set_deltanet_tf32(bool on) { g_tf32.set(on); }
+bool deltanet_fused() { return g_fused.get(); }
+void set_deltanet_fused(bool on) { g_fused.set(on); }
 void set_deltanet_section_hook(DeltaNetSectionHook hook) { g_hook.store(hook); }
-
-bool deltanet_fused() {
-  int v = g_fused.load();
-  if (v < 0) {
-    const char* e = std::getenv(kDeltaNetFusedEnv);
-    std::string s = e ? e : "0";
-    if (s != "0" && s != "1") throw_user("{}={}: expected 0 or 1", kDeltaNetFusedEnv, s);
-    v = s == "1";
-    g_fused.store(v);
-  }
-  return v == 1;
-}
-
-void set_deltanet_fused(bool on) { g_fused.store(on ? 1 : 0); }
 
 at::Tensor unit_lower_inverse(const at::Tensor& t_in) {
   const int64_t n = t_in.size(-1);
@@ -260,39 +235,44 @@ std::pair<at::Tensor, at::Tensor> gated_delta_rule_chunked(const at::Tensor& q_i
   return {o.narrow(2, 0, L).transpose(1, 2), S};  // [B, L, nv, dv]
 }
 
-
-
 namespace {
 
-// The grid slots of a packed batch (dest[t] = d * Lmax + p, conv_dest[t] the slot in the conv's
-// grid with K - 1 leading rows, lens[d]) on the device. Every linear layer of one forward has the
-// same documents: the last index is kept per thread and reused, so the host builds and uploads it
-// once per forward, not once per layer (a blocking upload also waits for the stream), and the
-// upload is from pinned memory, without a stream sync.
+// The grid slots of a packed batch on the device: dest[t] = d * Lmax + p (the documents' grid),
+// conv_dest[t] the slot in the conv's grid with K - 1 leading rows, slots[t] = d * Lp + p (the
+// rule's grid, Lmax padded to a multiple of the chunk), lens[d]. Every linear layer of one forward
+// has the same documents: the last index is kept per thread and reused, so the host builds and
+// uploads it once per forward, not once per layer (a blocking upload also waits for the stream),
+// and the upload is from pinned memory, without a stream sync.
 struct GridIndex {
   std::vector<int64_t> cu;
-  int64_t K = 0;
+  int64_t K = 0, Lmax = 0, C = 0, Lp = 0;  // C: the chunk, Lp: Lmax rounded up to it
   c10::Device device = c10::Device(c10::kCPU);
-  at::Tensor dest, conv_dest, lens;
+  at::Tensor dest, conv_dest, slots, lens;
 };
 
-const GridIndex& grid_index(const std::vector<int64_t>& cu, int64_t Lmax, int64_t K, const c10::Device& device) {
+const GridIndex& grid_index(const std::vector<int64_t>& cu, int64_t K, const c10::Device& device) {
   thread_local GridIndex last;
   if (last.dest.defined() && last.cu == cu && last.K == K && last.device == device) return last;
   const int64_t D = int64_t(cu.size()) - 1, T = cu.back();
-  at::Tensor host = at::empty({2 * T + D}, at::kLong);
+  int64_t Lmax = 0;
+  for (int64_t d = 0; d < D; ++d) Lmax = std::max(Lmax, cu[d + 1] - cu[d]);
+  const int64_t C = std::min<int64_t>(chunk_size(), Lmax), Lp = C > 0 ? (Lmax + C - 1) / C * C : 0;
+  at::Tensor host = at::empty({3 * T + D}, at::kLong);
   int64_t* dest = host.data_ptr<int64_t>();
   int64_t* conv_dest = dest + T;
-  int64_t* lens = dest + 2 * T;
+  int64_t* slots = dest + 2 * T;
+  int64_t* lens = dest + 3 * T;
   for (int64_t d = 0; d < D; ++d) {
     lens[d] = cu[d + 1] - cu[d];
     for (int64_t t = cu[d]; t < cu[d + 1]; ++t) {
       dest[t] = d * Lmax + (t - cu[d]);
       conv_dest[t] = d * (Lmax + K - 1) + (K - 1) + (t - cu[d]);
+      slots[t] = d * Lp + (t - cu[d]);
     }
   }
   at::Tensor dev = device.is_cuda() ? host.pin_memory().to(device, /*non_blocking=*/true) : host;
-  last = GridIndex{cu, K, device, dev.narrow(0, 0, T), dev.narrow(0, T, T), dev.narrow(0, 2 * T, D)};
+  last = GridIndex{cu, K, Lmax, C, Lp, device, dev.narrow(0, 0, T), dev.narrow(0, T, T), dev.narrow(0, 2 * T, T),
+                   dev.narrow(0, 3 * T, D)};
   return last;
 }
 
@@ -307,18 +287,6 @@ void save_state(DeltaNetState& state, const at::Tensor& rows, const at::Tensor& 
   state.conv.index_copy_(0, rows, win.transpose(1, 2).to(state.conv.scalar_type()));
 }
 
-#ifdef DFLASH_CUDA
-kernels::DType kernel_dtype(const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kBFloat16: return kernels::DType::BF16;
-    case at::kHalf: return kernels::DType::F16;
-    case at::kFloat: return kernels::DType::F32;
-    default: DFLASH_CHECK(false, "Gated DeltaNet kernels: unsupported dtype {}", c10::toString(t.scalar_type()));
-  }
-  return kernels::DType::F32;
-}
-#endif
-
 // deltanet_qkv_grid (target_kernels.h): the CUDA kernel, or on CPU the same arithmetic in ATen
 // (so the fused path's glue is tested without a GPU: tests/model/test_deltanet_gpu).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_grid(const at::Tensor& conv, const at::Tensor& lens_t,
@@ -332,7 +300,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_grid(const at::Tensor& conv, 
   if (conv.is_cuda()) {
     kernels::deltanet_qkv_grid(conv.data_ptr(), D, s.conv_dim(), Lmax, Lp, lens_t.data_ptr<int64_t>(), int(s.nk),
                                int(s.nv), int(s.dk), int(s.dv), float(scale), q.data_ptr<float>(),
-                               k.data_ptr<float>(), v.data_ptr<float>(), kernel_dtype(conv), at::cuda::getCurrentCUDAStream());
+                               k.data_ptr<float>(), v.data_ptr<float>(), kernels::dtype_of(conv), at::cuda::getCurrentCUDAStream());
     return {q, k, v};
   }
 #endif
@@ -354,22 +322,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_grid(const at::Tensor& conv, 
 }
 
 // deltanet_gated_out (target_kernels.h): the CUDA kernel, or on CPU the same in ATen.
-at::Tensor gated_out_grid(const at::Tensor& o, const at::Tensor& dest_t, int64_t Lmax, const at::Tensor& proj,
-                          const DeltaNetWeights& w, const DeltaNetSpec& s, const at::ScalarType dtype) {
-  const int64_t T = dest_t.size(0), Lp = o.size(2);
+at::Tensor gated_out_grid(const at::Tensor& o, const GridIndex& gi, const at::Tensor& proj, const DeltaNetWeights& w,
+                          const DeltaNetSpec& s, const at::ScalarType dtype) {
+  const int64_t T = gi.dest.size(0);
   at::Tensor wn = w.norm.to(dtype).contiguous();
 #ifdef DFLASH_CUDA
   if (o.is_cuda()) {
     at::Tensor y = at::empty({T, s.value_dim()}, proj.options());
     at::Tensor z = proj.narrow(1, s.conv_dim(), s.value_dim());
-    kernels::deltanet_gated_out(o.data_ptr<float>(), dest_t.data_ptr<int64_t>(), T, int(s.nv), int(s.dv), Lp, Lmax,
-                                z.data_ptr(), proj.stride(0), wn.data_ptr(), float(s.eps), y.data_ptr(),
-                                kernel_dtype(proj), at::cuda::getCurrentCUDAStream());
+    kernels::deltanet_gated_out(o.data_ptr<float>(), gi.dest.data_ptr<int64_t>(), T, int(s.nv), int(s.dv), gi.Lp,
+                                gi.Lmax, z.data_ptr(), proj.stride(0), wn.data_ptr(), float(s.eps), y.data_ptr(),
+                                kernels::dtype_of(proj), at::cuda::getCurrentCUDAStream());
     return y;
   }
 #endif
-  at::Tensor slots = dest_t.div(Lmax, "floor") * Lp + dest_t.remainder(Lmax);  // integer division
-  at::Tensor rows = o.permute({0, 2, 1, 3}).reshape({o.size(0) * Lp, s.nv, s.dv}).index_select(0, slots);
+  at::Tensor rows = o.permute({0, 2, 1, 3}).reshape({o.size(0) * gi.Lp, s.nv, s.dv}).index_select(0, gi.slots);
   DeltaNetWeights wd = w;
   wd.norm = wn;
   return gated_norm(rows.to(dtype), proj, wd, s);
@@ -382,25 +349,22 @@ at::Tensor gated_out_grid(const at::Tensor& o, const at::Tensor& dest_t, int64_t
 // the ATen path, without its ~30 passes over [T, nv, d] float32 tensors.
 at::Tensor fused_rest(const at::Tensor& x, const std::vector<int64_t>& cu, const DeltaNetWeights& w,
                       const DeltaNetSpec& s, DeltaNetState* state, const at::Tensor& rows, const at::Tensor& proj,
-                      const at::Tensor& ext, const at::Tensor& conv, const at::Tensor& dest_t,
-                      const at::Tensor& lens_t, int64_t Lmax) {
+                      const at::Tensor& ext, const at::Tensor& conv, const GridIndex& gi) {
   const int64_t D = int64_t(cu.size()) - 1;
-  const int64_t C = std::min<int64_t>(chunk_size(), Lmax), Lp = (Lmax + C - 1) / C * C;
   section("qkv_gates");
-  auto [q, k, v] = qkv_grid(conv, lens_t, Lp, s);
+  auto [q, k, v] = qkv_grid(conv, gi.lens, gi.Lp, s);
   auto [beta, g] = gates(proj, w, s);  // [T, nv] float32
   section("to_grid");
-  at::Tensor slots = dest_t.div(Lmax, "floor") * Lp + dest_t.remainder(Lmax);  // integer division
   auto grid_hf = [&](const at::Tensor& t) {  // [T, nv] -> [D, nv, Lp], zeros past each document
-    at::Tensor grid = at::zeros({D * Lp, s.nv}, t.options());
-    grid.index_copy_(0, slots, t);
-    return grid.view({D, Lp, s.nv}).transpose(1, 2).contiguous();
+    at::Tensor grid = at::zeros({D * gi.Lp, s.nv}, t.options());
+    grid.index_copy_(0, gi.slots, t);
+    return grid.view({D, gi.Lp, s.nv}).transpose(1, 2).contiguous();
   };
   at::Tensor S0 = state ? state->rec.index_select(0, rows) : at::Tensor();
-  auto [o, S] = chunked_heads_first(q, k, v, grid_hf(g), grid_hf(beta), C, S0);
+  auto [o, S] = chunked_heads_first(q, k, v, grid_hf(g), grid_hf(beta), gi.C, S0);
   section("out");
   if (state) save_state(*state, rows, S, ext, cu, s.kernel);
-  at::Tensor out = at::mm(gated_out_grid(o, dest_t, Lmax, proj, w, s, x.scalar_type()), w.w_out.t());
+  at::Tensor out = at::mm(gated_out_grid(o, gi, proj, w, s, x.scalar_type()), w.w_out.t());
   section(nullptr);
   return out;
 }
@@ -409,7 +373,7 @@ at::Tensor fused_rest(const at::Tensor& x, const std::vector<int64_t>& cu, const
 
 at::Tensor deltanet_forward(const at::Tensor& x, const std::vector<int64_t>& cu, const DeltaNetWeights& w,
                             const DeltaNetSpec& s, DeltaNetState* state, const at::Tensor& rows_in) {
-  const int64_t T = x.size(0), Cd = s.conv_dim(), K = s.kernel;
+  const int64_t Cd = s.conv_dim(), K = s.kernel;
   const int64_t D = int64_t(cu.size()) - 1;
   section("in_proj");
   at::Tensor proj = at::mm(x, w.w_in.t());
@@ -417,9 +381,8 @@ at::Tensor deltanet_forward(const at::Tensor& x, const std::vector<int64_t>& cu,
   at::Tensor rows = rows_in.defined() ? rows_in : at::arange(D, at::TensorOptions().dtype(at::kLong).device(x.device()));
 
   // Documents as rows of a zero-padded grid [D, Lmax, ...]: dest[t] = d * Lmax + (t - cu[d]).
-  int64_t Lmax = 0;
-  for (int64_t d = 0; d < D; ++d) Lmax = std::max(Lmax, cu[d + 1] - cu[d]);
-  const GridIndex& gi = grid_index(cu, Lmax, K, x.device());
+  const GridIndex& gi = grid_index(cu, K, x.device());
+  const int64_t Lmax = gi.Lmax;
   const at::Tensor dest_t = gi.dest, conv_dest_t = gi.conv_dest;
   auto to_grid = [&](const at::Tensor& t) {
     std::vector<int64_t> shape = {D * Lmax};
@@ -445,7 +408,7 @@ at::Tensor deltanet_forward(const at::Tensor& x, const std::vector<int64_t>& cu,
                                /*stride=*/at::IntArrayRef(one), /*padding=*/at::IntArrayRef(zero),
                                /*dilation=*/at::IntArrayRef(one), /*groups=*/Cd);  // [D, Cd, Lmax]
   if (deltanet_fused() && s.dk <= 256 && s.dv <= 256 && s.nv % s.nk == 0)
-    return fused_rest(x, cu, w, s, state, rows, proj, ext, conv.contiguous(), dest_t, gi.lens, Lmax);
+    return fused_rest(x, cu, w, s, state, rows, proj, ext, conv.contiguous(), gi);
   at::Tensor conv_out = at::silu(conv).transpose(1, 2).reshape({D * Lmax, Cd}).index_select(0, dest_t);
   section("qkv_gates");
   auto [q, k, v] = prepare_qkv(conv_out, s);
@@ -454,7 +417,7 @@ at::Tensor deltanet_forward(const at::Tensor& x, const std::vector<int64_t>& cu,
   at::Tensor S0 = state ? state->rec.index_select(0, rows) : at::Tensor();
   section("to_grid");
   at::Tensor qg = to_grid(q), kg = to_grid(k), vg = to_grid(v), gg = to_grid(g), bg = to_grid(beta);
-  auto [o_grid, S] = gated_delta_rule_chunked(qg, kg, vg, gg, bg, std::min<int64_t>(chunk_size(), Lmax), S0);
+  auto [o_grid, S] = gated_delta_rule_chunked(qg, kg, vg, gg, bg, gi.C, S0);
   section("out");
   at::Tensor o = o_grid.reshape({D * Lmax, s.nv, s.dv}).index_select(0, dest_t).to(x.scalar_type());
 

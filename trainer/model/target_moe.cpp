@@ -1,12 +1,12 @@
 // Sparse MoE MLP (see target_moe.h).
 #include "trainer/model/target_moe.h"
 
-#include <cstdlib>
 #include <string>
 
 #include <ATen/ATen.h>
 
 #include "core/error.h"
+#include "core/parse.h"
 #include "trainer/model/target_ops.h"
 
 namespace dflash::model {
@@ -14,12 +14,7 @@ namespace dflash::model {
 namespace {
 
 bool grouped_backend() {
-  static const bool grouped = [] {
-    const char* e = std::getenv(kMoeBackendEnv);
-    std::string v = e ? e : "grouped";
-    if (v != "grouped" && v != "loop") throw_user("{}={}: expected grouped or loop", kMoeBackendEnv, v);
-    return v == "grouped";
-  }();
+  static const bool grouped = env_choice(kMoeBackendEnv, "grouped", {"grouped", "loop"}) == "grouped";
   return grouped;
 }
 

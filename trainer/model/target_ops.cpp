@@ -1,17 +1,17 @@
 // Target model building blocks (see target_ops.h).
 #include "trainer/model/target_ops.h"
 
-#include <cstdlib>
 #include <string>
 
 #include <ATen/ATen.h>
 
 #include "core/error.h"
+#include "core/parse.h"
 
 #ifdef DFLASH_CUDA
 #include <ATen/cuda/CUDAContext.h>
 
-#include "trainer/model/target_kernels.h"
+#include "trainer/model/target_kernels_dtype.h"
 #endif
 
 namespace dflash::model::ops {
@@ -51,20 +51,6 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
   return out.to(x.scalar_type());
 }
 
-#ifdef DFLASH_CUDA
-namespace {
-kernels::DType kernel_dtype(const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kBFloat16: return kernels::DType::BF16;
-    case at::kHalf: return kernels::DType::F16;
-    case at::kFloat: return kernels::DType::F32;
-    default: DFLASH_CHECK(false, "target kernels: unsupported dtype {}", c10::toString(t.scalar_type()));
-  }
-  return kernels::DType::F32;
-}
-}  // namespace
-#endif
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_heads(at::Tensor& qkv, int64_t nq, int64_t nkv,
                                                          int64_t hd, const at::Tensor& q_norm,
                                                          const at::Tensor& k_norm, double eps,
@@ -83,7 +69,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_heads(at::Tensor& qkv, int64_
     kernels::qk_norm_rope(qkv.data_ptr(), T, qkv.stride(0), int(nq), int(nkv), int(hd),
                           q_norm.defined() ? q_norm.data_ptr() : nullptr,
                           k_norm.defined() ? k_norm.data_ptr() : nullptr, float(eps),
-                          cos.data_ptr<float>(), sin.data_ptr<float>(), kernel_dtype(qkv),
+                          cos.data_ptr<float>(), sin.data_ptr<float>(), kernels::dtype_of(qkv),
                           at::cuda::getCurrentCUDAStream());
     return {view(0, nq), view(nq, nkv), view(nq + nkv, nkv)};
   }
@@ -100,7 +86,7 @@ at::Tensor silu_mul(const at::Tensor& gu, int64_t I) {
 #ifdef DFLASH_CUDA
   if (gu.is_cuda() && gu.is_contiguous()) {
     at::Tensor out = at::empty({gu.size(0), I}, gu.options());
-    kernels::silu_mul(gu.data_ptr(), out.data_ptr(), gu.size(0), I, kernel_dtype(gu),
+    kernels::silu_mul(gu.data_ptr(), out.data_ptr(), gu.size(0), I, kernels::dtype_of(gu),
                       at::cuda::getCurrentCUDAStream());
     return out;
   }
@@ -112,13 +98,7 @@ at::Tensor varlen_causal_attention(const at::Tensor& q, const at::Tensor& k, con
                                    const std::vector<int64_t>& cu, const at::Tensor& cu_dev,
                                    int64_t max_len, double scale) {
   if (q.is_cuda() && (q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf)) {
-    static const bool use_cudnn = [] {
-      const char* e = std::getenv(kAttentionBackendEnv);
-      std::string v = e ? e : "flash";
-      if (v != "flash" && v != "cudnn")
-        throw_user("{}={}: expected flash or cudnn", kAttentionBackendEnv, v);
-      return v == "cudnn";
-    }();
+    static const bool use_cudnn = env_choice(kAttentionBackendEnv, "flash", {"flash", "cudnn"}) == "cudnn";
     if (use_cudnn) {
       return std::get<0>(at::_cudnn_attention_forward(q.contiguous(), k.contiguous(), v.contiguous(),
                                                       {}, cu_dev, cu_dev, max_len, max_len,
