@@ -6,9 +6,9 @@ without TensorBoard; `tensorboard --logdir runs/` shows the same numbers live).
 
 Each argument is a run directory (its metrics.jsonl is read) or a metrics.jsonl file; runs are
 labelled by their directory name. Panels: loss, accuracy (and per block offset for a single run),
-tau (the training-time acceptance estimate, and the evaluation's tau when the records carry
-one: any numeric field whose name contains "tau" besides "tau" itself), throughput (drafter
-and target tokens/s). The x axis is the optimizer step; a step logged twice (a resumed run)
+tau (tau_est, the training estimate of served tau; its plain block mean, which overstates it;
+and, when the run evaluated during training, the served tau at the step each evaluation
+measured, from the metrics records and the run's eval.jsonl), throughput (drafter and target tokens/s). The x axis is the optimizer step; a step logged twice (a resumed run)
 keeps its last value.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import argparse
 import json
 import os
 import sys
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 
 def read_metrics(path: str) -> List[dict]:
@@ -47,7 +47,25 @@ def series(records: List[dict], key: str):
     return xs, ys
 
 
-def plot(runs: Dict[str, List[dict]], out: str, title: str = "") -> None:
+def read_evals(path: str) -> Dict[int, float]:
+    """step -> served tau of a run's eval.jsonl (the evaluations during training); {} if absent."""
+    got: Dict[int, float] = {}
+    if not os.path.isfile(path):
+        return got
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut by a kill: the metrics lines still carry the evaluations
+            if isinstance(rec, dict) and isinstance(rec.get("step"), int) and isinstance(rec.get("tau"), (int, float)):
+                got[rec["step"]] = rec["tau"]
+    return got
+
+
+def plot(runs: Dict[str, List[dict]], out: str, title: str = "",
+         eval_runs: Optional[Dict[str, Dict[int, float]]] = None) -> None:
+    eval_runs = eval_runs or {}
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -64,11 +82,15 @@ def plot(runs: Dict[str, List[dict]], out: str, title: str = "") -> None:
                 xs = [r["step"] for r in recs if len(r.get("accuracy_per_pos") or []) > k]
                 ys = [r["accuracy_per_pos"][k] for r in recs if len(r.get("accuracy_per_pos") or []) > k]
                 ax_acc.plot(xs, ys, lw=0.8, color=cmap(k / max(1, n - 1)), label=f"offset {k + 1}")
-        ax_tau.plot(*series(recs, "tau"), label=f"{name} train tau")
-        extra = sorted({k for r in recs for k, v in r.items()
-                        if "tau" in k and k != "tau" and isinstance(v, (int, float)) and not isinstance(v, bool)})
-        for k in extra:
-            ax_tau.plot(*series(recs, k), "o-", label=f"{name} {k}")
+        # tau_est: the training estimate of served tau; tau_est_block_mean: the plain block mean
+        # (overstates it, docs/training.md); tau: served tau of the evaluations during training.
+        ax_tau.plot(*series(recs, "tau_est"), label=f"{name} tau_est (training estimate)")
+        ax_tau.plot(*series(recs, "tau_est_block_mean"), ":", label=f"{name} block mean (overstates)")
+        evals = {r["tau_step"]: r["tau"] for r in recs
+                 if isinstance(r.get("tau"), (int, float)) and isinstance(r.get("tau_step"), int)}
+        evals.update(eval_runs.get(name, {}))  # eval.jsonl also has the evaluations after the last line
+        if evals:
+            ax_tau.plot(sorted(evals), [evals[s] for s in sorted(evals)], "o-", label=f"{name} tau (served, eval)")
         ax_tps.plot(*series(recs, "drafter_tok_s"), label=f"{name} drafter")
         ax_tps.plot(*series(recs, "target_tok_s"), "--", label=f"{name} target")
     for ax, t, y in [(ax_loss, "loss", "nats"), (ax_acc, "accuracy", "top-1"),
@@ -94,6 +116,7 @@ def main(argv=None) -> int:
     ap.add_argument("--title", default="", help="figure title")
     a = ap.parse_args(argv)
     runs: Dict[str, List[dict]] = {}
+    evals: Dict[str, Dict[int, float]] = {}
     for r in a.runs:
         path = os.path.join(r, "metrics.jsonl") if os.path.isdir(r) else r
         if not os.path.isfile(path):
@@ -107,7 +130,8 @@ def main(argv=None) -> int:
             print(f"plot_metrics: error: {path} has no metrics records", file=sys.stderr)
             return 2
         runs[name] = recs
-    plot(runs, a.out, a.title)
+        evals[name] = read_evals(os.path.join(os.path.dirname(os.path.abspath(path)), "eval.jsonl"))
+    plot(runs, a.out, a.title, evals)
     print(f"plot_metrics: {', '.join(f'{n} ({len(r)} steps)' for n, r in runs.items())} -> {a.out}")
     return 0
 

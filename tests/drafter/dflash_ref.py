@@ -145,7 +145,7 @@ def metrics(logits, w, lab, bs):
     hit = ((logits.argmax(-1) == lab).view(B, N, bs)) & valid
     correct = hit.sum((0, 1)).double()
     count = valid.sum((0, 1)).double()
-    tau_sum, tau_blocks = 0.0, 0
+    tau_sum, tau_inv_sum, tau_blocks = 0.0, 0.0, 0
     for b in range(B):
         for j in range(N):
             if not valid[b, j, 1]:
@@ -156,5 +156,6 @@ def metrics(logits, w, lab, bs):
                     break
                 acc += 1
             tau_sum += 1 + acc
+            tau_inv_sum += 1.0 / (1 + acc)
             tau_blocks += 1
-    return correct, count, tau_sum, tau_blocks
+    return correct, count, tau_sum, tau_inv_sum, tau_blocks

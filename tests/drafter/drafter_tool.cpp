@@ -152,6 +152,7 @@ int run_case(const std::string& in_path, const std::string& out_path) {
   res.emplace_back("correct_per_pos", at::tensor(out.correct_per_pos, at::kDouble));
   res.emplace_back("count_per_pos", at::tensor(out.count_per_pos, at::kDouble));
   res.emplace_back("tau_sum", at::tensor({out.tau_sum}, at::kDouble));
+  res.emplace_back("tau_inv_sum", at::tensor({out.tau_inv_sum}, at::kDouble));
   res.emplace_back("tau_blocks", at::tensor({out.tau_blocks}, at::kLong));
   res.emplace_back("weight_sum", at::tensor({out.weight_sum}, at::kDouble));
   res.emplace_back("n_tokens", at::tensor({out.n_tokens}, at::kLong));

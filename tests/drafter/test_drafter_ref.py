@@ -117,11 +117,12 @@ def check_against_reference(tmp_path, c, B, S, anchor, keep, docs=None, mask=Non
             assert out["grad." + n].abs().max() == 0, n
         else:
             assert rel(out["grad." + n], g) <= GRAD_RTOL, (n, rel(out["grad." + n], g))
-    correct, count, tau_sum, tau_blocks = ref.metrics(logits, w, lab, c["block_size"])
+    correct, count, tau_sum, tau_inv_sum, tau_blocks = ref.metrics(logits, w, lab, c["block_size"])
     assert torch.equal(out["count_per_pos"], count)
     assert torch.equal(out["correct_per_pos"], correct)
     assert out["tau_blocks"].item() == tau_blocks
     assert out["tau_sum"].item() == pytest.approx(tau_sum)
+    assert out["tau_inv_sum"].item() == pytest.approx(tau_inv_sum)
     return out, loss
 
 
@@ -308,11 +309,12 @@ def test_accuracy_and_tau_with_partly_right_predictions(tmp_path):
     keep = torch.ones_like(anchor, dtype=torch.bool)
     out = run_tool(tmp_path, c, P, embed, lm_head, ids, m, feats, anchor, keep)
     loss, grads, logits, w, lab, M = reference(c, P, embed, lm_head, ids, m, feats, anchor, keep)
-    correct, count, tau_sum, tau_blocks = ref.metrics(logits, w, lab, c["block_size"])
+    correct, count, tau_sum, tau_inv_sum, tau_blocks = ref.metrics(logits, w, lab, c["block_size"])
     assert 0.2 < correct.sum() / count.sum() < 0.8  # the case is informative
     assert torch.equal(out["correct_per_pos"], correct)
     assert torch.equal(out["count_per_pos"], count)
     assert out["tau_blocks"].item() == tau_blocks
     assert out["tau_sum"].item() == pytest.approx(tau_sum)
+    assert out["tau_inv_sum"].item() == pytest.approx(tau_inv_sum)
     assert tau_sum / tau_blocks > 1.2
     assert abs(out["loss"].item() - loss.item()) <= LOSS_RTOL * abs(loss.item())

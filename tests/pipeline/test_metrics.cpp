@@ -18,6 +18,7 @@ TEST(Metrics, LineAndJson) {
   m.loss = 3.41215;
   m.accuracy = 0.4123;
   m.tau = 2.314;
+  m.tau_block_mean = 3.5;
   m.lr = 4.2e-4;
   m.grad_norm = 0.83;
   m.target_tok_s = 12345;
@@ -49,6 +50,8 @@ TEST(Metrics, LineAndJson) {
   EXPECT_EQ(metrics::format_duration(45.2), "45s");
   EXPECT_EQ(metrics::format_duration(725), "12m05s");
   EXPECT_DOUBLE_EQ(v.find("tau_est")->as_double("tau_est"), 2.314);
+  EXPECT_DOUBLE_EQ(v.find("tau_est_block_mean")->as_double("tau_est_block_mean"), 3.5);
+  EXPECT_EQ(line.find("3.50"), std::string::npos) << "the block mean is not on the console: " << line;
   EXPECT_TRUE(v.find("tau")->is_null());  // no evaluation yet
   m.eval_tau = 1.618, m.eval_step = 100, m.eval_s = 3.14;
   EXPECT_NE(metrics::format_line(m).find("tau 1.62@100 (eval 3.1s)"), std::string::npos) << metrics::format_line(m);

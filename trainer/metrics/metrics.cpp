@@ -66,14 +66,14 @@ std::string to_json(const StepMetrics& m) {
   per_pos += "]";
   return fmt::format(
       "{{\"step\": {}, \"total_steps\": {}, \"epoch\": {}, \"total_epochs\": {}, \"batch\": {}, \"loss\": {}, "
-      "\"accuracy\": {}, \"tau_est\": {}, \"tau\": {}, \"tau_step\": {}, \"eval_s\": {}, \"lr\": {}, "
+      "\"accuracy\": {}, \"tau_est\": {}, \"tau_est_block_mean\": {}, \"tau\": {}, \"tau_step\": {}, \"eval_s\": {}, \"lr\": {}, "
       "\"grad_norm\": {}, \"target_tok_s\": {}, \"drafter_tok_s\": {}, "
       "\"target_wait_s\": {}, \"drafter_wait_s\": {}, \"mfu\": {}, \"mem_gb\": {}, \"elapsed_s\": {}, "
       "\"eta_s\": {}, \"percent\": {}, \"accuracy_per_pos\": {}, \"target_busy_s\": {}, \"drafter_busy_s\": {}, "
       "\"interval_s\": {}, \"startup_s\": {}, \"load_s\": {}, \"first_step_s\": {}, \"first_wait_s\": {}, "
       "\"split\": {}}}",
       m.step, m.total_steps, m.epoch, m.total_epochs, m.batch, num(m.loss), num(m.accuracy), num(m.tau),
-      m.eval_tau < 0 ? std::string("null") : num(m.eval_tau), m.eval_step,
+      num(m.tau_block_mean), m.eval_tau < 0 ? std::string("null") : num(m.eval_tau), m.eval_step,
       m.eval_tau < 0 ? std::string("null") : num(m.eval_s), num(m.lr),
       num(m.grad_norm), num(m.target_tok_s), num(m.drafter_tok_s), num(m.target_wait_s), num(m.drafter_wait_s),
       m.mfu < 0 ? "null" : num(m.mfu), num(m.mem_gb), num(m.elapsed_s), num(m.eta_s), num(m.percent), per_pos, num(m.target_busy_s), num(m.drafter_busy_s), num(m.interval_s),

@@ -5,8 +5,11 @@
 // event file (every numeric field of each JSON line, same step) and the definitions of the
 // derived numbers (docs/training.md):
 //   loss, accuracy, tau  means over the interval's optimizer steps (each step's value is the mean
-//                        over its D x grad_accum batches); `tau` is the training ESTIMATE
-//                        (printed and written as tau_est)
+//                        over its D x grad_accum batches); `tau` is the training ESTIMATE of
+//                        served τ (printed and written as tau_est): the harmonic mean of the
+//                        blocks' 1 + accepted (loss.h says why harmonic)
+//   tau_block_mean       their plain mean (written as tau_est_block_mean), for comparison: it
+//                        weighs positions, not decoding steps, and overstates served τ
 //   eval_tau, eval_step  the real acceptance length of the latest evaluation during training
 //                        (docs/eval.md) and the step whose weights it measured (< 0 / 0: none yet)
 //   eval_s               the cost (seconds) of that evaluation on the rank that ran it
@@ -54,6 +57,7 @@ struct StepMetrics {
   int64_t total_epochs = 0;  // epochs the run's steps reach into
   int64_t batch = 0;        // global batch cursor after this step
   double loss = 0, accuracy = 0, tau = 0;  // tau: the estimate (tau_est)
+  double tau_block_mean = 0;                // tau_est_block_mean
   double eval_tau = -1;     // < 0: no evaluation yet
   int64_t eval_step = 0;
   double eval_s = 0;

@@ -241,7 +241,10 @@ double StepOutput::accuracy() const {
   return n > 0 ? c / n : 0.0;
 }
 
-double StepOutput::tau() const { return tau_blocks > 0 ? tau_sum / static_cast<double>(tau_blocks) : 1.0; }
+double StepOutput::tau() const { return tau_inv_sum > 0 ? static_cast<double>(tau_blocks) / tau_inv_sum : 1.0; }
+double StepOutput::tau_block_mean() const {
+  return tau_blocks > 0 ? tau_sum / static_cast<double>(tau_blocks) : 1.0;
+}
 
 // ---- module -----------------------------------------------------------------------------------
 
@@ -424,6 +427,7 @@ StepOutput Drafter::forward_blocks(const DrafterBatch& batch, const Blocks& bloc
   out.correct_per_pos = std::move(m.correct_per_pos);
   out.count_per_pos = std::move(m.count_per_pos);
   out.tau_sum = m.tau_sum;
+  out.tau_inv_sum = m.tau_inv_sum;
   out.tau_blocks = m.tau_blocks;
   return out;
 }

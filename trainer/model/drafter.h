@@ -115,10 +115,12 @@ struct StepOutput {
   std::vector<double> correct_per_pos;  // [bs] argmax == label at offset k (w > 0)
   std::vector<double> count_per_pos;    // [bs] positions with w > 0 at offset k
   double tau_sum = 0;          // Σ over measured blocks of 1 + accepted length (loss.h)
+  double tau_inv_sum = 0;      // Σ over measured blocks of 1 / (1 + accepted length)
   int64_t tau_blocks = 0;
   double loss_value = 0;       // loss.item(), for logging
   double accuracy() const;      // Σ correct / Σ count
-  double tau() const;           // tau_sum / tau_blocks (1 if none)
+  double tau() const;           // the estimate of served τ: tau_blocks / tau_inv_sum (1 if none)
+  double tau_block_mean() const;  // tau_sum / tau_blocks (1 if none): overstates served τ (loss.h)
 };
 
 class Drafter {

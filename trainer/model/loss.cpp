@@ -171,7 +171,9 @@ BlockMetrics block_metrics(const at::Tensor& correct_in, const at::Tensor& valid
   auto run = hit.narrow(2, 1, bs - 1).to(at::kLong).cumprod(2);    // leading hits
   auto accepted = run.sum(2);                                       // [B, N]
   m.tau_blocks = measured.sum().item<int64_t>();
-  m.tau_sum = (accepted.to(at::kDouble) + 1).masked_select(measured).sum().item<double>();
+  auto tau_block = (accepted.to(at::kDouble) + 1).masked_select(measured);
+  m.tau_sum = tau_block.sum().item<double>();
+  m.tau_inv_sum = tau_block.reciprocal().sum().item<double>();
   return m;
 }
 

@@ -17,8 +17,15 @@
 // τ (acceptance length estimate): per kept block with a label at offset 1, accepted = the
 // number of leading offsets k = 1, 2, ... whose position has a label (w > 0) and whose argmax is
 // right (the walk stops at the first miss or the first unlabelled position, e.g. the document's
-// end); τ_block = 1 + accepted; τ = the mean over those blocks. This is DFLASH.md §6's τ
-// (accepted drafts + 1) under greedy verification, measured on the training targets.
+// end); τ_block = 1 + accepted. The sums kept are Σ τ_block and Σ 1/τ_block over those blocks.
+// Why both: the blocks sit at uniformly random anchors, so the plain mean of τ_block weighs every
+// POSITION alike, while serving weighs every STEP alike, and a step that accepts r tokens skips
+// the next r − 1 positions: well-predicted stretches are counted r times per step in the mean.
+// Serving visits a position with density about 1/τ_block there, so served τ ≈ the harmonic mean
+// N / Σ 1/τ_block (exact where the acceptance is locally constant, slightly below elsewhere);
+// that is the training estimate reported (tau_est), the plain mean only beside it
+// (docs/training.md "tau_est"). Both measure DFLASH.md §6's τ (accepted drafts + 1) under greedy
+// verification on the training targets.
 // Thread-safety: pure functions.
 #pragma once
 
@@ -51,7 +58,8 @@ at::Tensor decay(int64_t block_size, double gamma);
 struct BlockMetrics {
   std::vector<double> correct_per_pos;  // [bs]
   std::vector<double> count_per_pos;    // [bs]
-  double tau_sum = 0;
+  double tau_sum = 0;      // Σ over measured blocks of 1 + accepted
+  double tau_inv_sum = 0;  // Σ over measured blocks of 1 / (1 + accepted)
   int64_t tau_blocks = 0;
 };
 

@@ -31,7 +31,8 @@ enum Stat {
   kLossSum,      // Σ per-batch loss
   kCorrect,      // Σ argmax == label (w > 0)
   kCount,        // Σ positions with w > 0
-  kTauSum,
+  kTauSum,       // Σ 1 + accepted over the measured blocks (loss.h)
+  kTauInvSum,    // Σ 1 / (1 + accepted)
   kTauBlocks,
   kTokens,       // tokens of the batches trained
   kTargetBusy,   // Σ target busy seconds of those batches
@@ -242,6 +243,7 @@ void DrafterTrainer::train_batch(const BatchMessage& b, int64_t ready) {
     }
   }
   s[kTauSum] += out.tau_sum;
+  s[kTauInvSum] += out.tau_inv_sum;
   s[kTauBlocks] += static_cast<double>(out.tau_blocks);
   s[kTokens] += static_cast<double>(ids.numel());
   s[kTargetBusy] += ts.busy_s;
@@ -349,7 +351,8 @@ bool DrafterTrainer::finish_step(int64_t s) {
     mm.epoch = p.data->locate(std::max<int64_t>(0, mm.batch - 1)).first;
     mm.loss = m.interval_loss / static_cast<double>(m.interval_steps);
     mm.accuracy = a[kCount] > 0 ? a[kCorrect] / a[kCount] : 0.0;
-    mm.tau = a[kTauBlocks] > 0 ? a[kTauSum] / a[kTauBlocks] : 1.0;
+    mm.tau = a[kTauInvSum] > 0 ? a[kTauBlocks] / a[kTauInvSum] : 1.0;
+    mm.tau_block_mean = a[kTauBlocks] > 0 ? a[kTauSum] / a[kTauBlocks] : 1.0;
     mm.eval_tau = m.eval_tau, mm.eval_step = m.eval_step, mm.eval_s = m.eval_s;
     mm.lr = m.last_lr;
     mm.grad_norm = m.last_gnorm;
