@@ -52,7 +52,8 @@ def main():
     ap.add_argument("--shapes", default="8x2048")
     ap.add_argument("--iters", type=int, default=5)
     ap.add_argument("--json")
-    ap.add_argument("--dflash-json")
+    ap.add_argument("--dflash-json", action="append", default=[],
+                    help="the C++ bench's --json; repeatable as LABEL=FILE for variants (the first: FLOPs)")
     a = ap.parse_args()
     import transformers as tr
     cname, mname, layers, kw = CONFIGS[a.config]
@@ -63,8 +64,18 @@ def main():
     with torch.device(dev):
         model = getattr(tr, mname)(cfg).eval()
     torch.set_default_dtype(torch.float32)
-    d = json.load(open(a.dflash_json)) if a.dflash_json else None
-    dflash = {r["shape"]: r for r in d["rows"]} if d else {}
+    variants = []  # (label, {shape: row}) in the order given
+    d = None
+    for spec in a.dflash_json:
+        label, _, path = spec.rpartition("=") if "=" in spec else ("", "", spec)
+        try:
+            dj = json.load(open(path))
+        except (OSError, ValueError) as e:
+            print(f"(dflash {label or 'capture'}: {path} unreadable: {e})", flush=True)
+            continue
+        d = d or dj
+        variants.append((label, {r["shape"]: r for r in dj["rows"]}))
+    dflash = variants[0][1] if variants else {}
     rows = []
     for shape in a.shapes.split(","):
         B, S = (int(x) for x in shape.split("x"))
@@ -84,10 +95,12 @@ def main():
     for r in rows:
         e = r["tokens_per_s"]
         print(f"{r['impl']:<20} {r['shape']:<8} {r['ms']:>9.1f} {e:>10,.0f} {100 * r.get('mfu', float('nan')):>6.1f}% {1.0:>8.2f}x")
-        if r["shape"] in dflash:
-            x = dflash[r["shape"]]
-            print(f"{'dflash capture':<20} {r['shape']:<8} {x['ms']:>9.1f} {x['tokens_per_s']:>10,.0f} "
-                  f"{100 * x['mfu']:>6.1f}% {x['tokens_per_s'] / e:>8.2f}x")
+        for label, rows_v in variants:
+            if r["shape"] in rows_v:
+                x = rows_v[r["shape"]]
+                name = "dflash capture" + (f" {label}" if label else "")
+                print(f"{name:<20} {r['shape']:<8} {x['ms']:>9.1f} {x['tokens_per_s']:>10,.0f} "
+                      f"{100 * x['mfu']:>6.1f}% {x['tokens_per_s'] / e:>8.2f}x")
 
 
 if __name__ == "__main__":

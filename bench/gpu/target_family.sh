@@ -8,13 +8,13 @@
 set -uo pipefail
 BUILD=$1
 OUT=$2
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 2
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 SHAPES=${DFLASH_FAMILY_SHAPES:-8x2048,4x4096}   # DFLASH_FAMILY_CONFIGS: a subset of the two configs
 rc=0
 CONFIGS=${DFLASH_FAMILY_CONFIGS:-qwen3-30b-a3b qwen3.5-9b}
-echo "--- GPU test: the fused Gated DeltaNet kernels against the ATen path (tests/model/test_deltanet_gpu)"
+echo "--- GPU test: the fused Gated DeltaNet kernels and the recurrent rule against the ATen path (tests/model/test_deltanet_gpu)"
 timeout 120 "$BUILD/tests/model/test_deltanet_gpu" > "$OUT/test_deltanet_gpu.txt" 2>&1 || rc=1
 grep -E "^dk|OK|FAILED|Failure|Expected" "$OUT/test_deltanet_gpu.txt"
 for cfg in $CONFIGS; do
@@ -28,20 +28,27 @@ for cfg in $CONFIGS; do
     DFLASH_TARGET_MOE=loop timeout 200 "$BUILD/bench/target_family_bench" --config $cfg --shapes 8x2048 --iters 3 \
       > "$OUT/dflash_${cfg}_loop.txt" 2>&1; tail -2 "$OUT/dflash_${cfg}_loop.txt"
   fi
+  variants=()
   if [ $cfg = qwen3.5-9b ]; then
-    echo "--- dflash $cfg, the delta rule's triangular systems by cuBLAS trsm (DFLASH_TARGET_DELTANET=trsm)"
-    DFLASH_TARGET_DELTANET=trsm timeout 200 "$BUILD/bench/target_family_bench" --config $cfg --shapes 8x2048 --iters 3 \
-      > "$OUT/dflash_${cfg}_trsm.txt" 2>&1; tail -2 "$OUT/dflash_${cfg}_trsm.txt"
-    echo "--- dflash $cfg, fused q/k/v grid and gated-norm kernels (DFLASH_TARGET_DELTANET_FUSED=1), profile"
-    DFLASH_TARGET_DELTANET_FUSED=1 timeout 200 "$BUILD/bench/target_family_bench" --config $cfg --shapes 8x2048 --iters 3 \
-      --profile > "$OUT/dflash_${cfg}_fused.txt" 2>&1; sed -n '/profile/,$p' "$OUT/dflash_${cfg}_fused.txt"
-    echo "--- dflash $cfg, chunks of 128 tokens (DFLASH_TARGET_DELTANET_CHUNK=128)"
-    DFLASH_TARGET_DELTANET_CHUNK=128 timeout 200 "$BUILD/bench/target_family_bench" --config $cfg --shapes 8x2048 --iters 3 \
-      > "$OUT/dflash_${cfg}_c128.txt" 2>&1; tail -2 "$OUT/dflash_${cfg}_c128.txt"
+    # The rule's variants (trainer/model/target_deltanet.h), each a row of the table below beside
+    # transformers: fused data movement, the recurrent rule kernel, both; chunks of 128.
+    # (DFLASH_TARGET_DELTANET=trsm, the oracle, measured 770.5 ms at 0bdb040: bench/RESULTS.md.)
+    for v in "fused:DFLASH_TARGET_DELTANET_FUSED=1" "recurrent:DFLASH_TARGET_DELTANET=recurrent" \
+             "fused+recurrent:DFLASH_TARGET_DELTANET_FUSED=1 DFLASH_TARGET_DELTANET=recurrent" \
+             "chunk128:DFLASH_TARGET_DELTANET_CHUNK=128"; do
+      label=${v%%:*}; envs=${v#*:}
+      echo "--- dflash $cfg, $label ($envs)"
+      prof=(); [ "$label" = fused+recurrent ] && prof=(--profile)
+      # shellcheck disable=SC2086  # envs: several VAR=value words
+      env $envs timeout 200 "$BUILD/bench/target_family_bench" --config $cfg --shapes 8x2048 --iters 3 "${prof[@]}" \
+        --json "$OUT/dflash_${cfg}_$label.json" > "$OUT/dflash_${cfg}_$label.txt" 2>&1
+      if [ ${#prof[@]} -gt 0 ]; then sed -n '/profile/,$p' "$OUT/dflash_${cfg}_$label.txt"; else tail -2 "$OUT/dflash_${cfg}_$label.txt"; fi
+      variants+=(--dflash-json "$label=$OUT/dflash_${cfg}_$label.json")
+    done
   fi
   echo "--- transformers $cfg"
   timeout 300 python3 bench/target_family_bench_hf.py --config $cfg --shapes $SHAPES --iters 5 \
-    --json "$OUT/hf_$cfg.json" --dflash-json "$OUT/dflash_$cfg.json" > "$OUT/hf_$cfg.txt" 2>&1 || rc=1
+    --json "$OUT/hf_$cfg.json" --dflash-json "$OUT/dflash_$cfg.json" "${variants[@]}" > "$OUT/hf_$cfg.txt" 2>&1 || rc=1
 done
 echo "--- tables"
 for cfg in $CONFIGS; do

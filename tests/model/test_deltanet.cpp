@@ -5,7 +5,9 @@
 //    and odd sizes, with junk on and above the diagonal (it must not be read);
 //  - gated_delta_rule_chunked (the default inverse path) against the rule token by token as the
 //    header states it (S <- exp(g) S; S <- S + k (beta (v - S^T k))^T; o = S^T q), with an
-//    initial state, lengths that are not a multiple of the chunk, and padded positions.
+//    initial state, lengths that are not a multiple of the chunk, and padded positions;
+//  - gated_delta_rule_recurrent (CPU: its ATen form; the CUDA kernel is test_deltanet_gpu's) on
+//    heads-first grids with per-document lengths against the same token-by-token rule.
 // The transformers comparison of the whole layer is tests/model/test_target_qwen35.py.
 #include <gtest/gtest.h>
 
@@ -64,6 +66,49 @@ TEST(GatedDeltaRule, ChunkedMatchesTokenByToken) {
       }
       EXPECT_LT(rel(out, ref), 1e-9) << "L = " << L << ", chunk " << C;
       EXPECT_LT(rel(S, s), 1e-9) << "L = " << L << ", chunk " << C;
+    }
+  }
+}
+
+// The rule token by token as the header states it, for one sequence and head: q, k [L, dk], v
+// [L, dv], g, beta [L], s [dk, dv] (updated). Returns o [L, dv].
+at::Tensor token_by_token(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                          const at::Tensor& beta, at::Tensor& s) {
+  at::Tensor o = at::empty({q.size(0), v.size(1)}, q.options());
+  for (int64_t t = 0; t < q.size(0); ++t) {
+    s = s * g[t].exp();
+    at::Tensor delta = beta[t] * (v[t] - at::matmul(s.t(), k[t]));
+    s = s + at::outer(k[t], delta);
+    o[t].copy_(at::matmul(s.t(), q[t]));
+  }
+  return o;
+}
+
+TEST(GatedDeltaRule, RecurrentMatchesTokenByToken) {
+  at::manual_seed(7);
+  const int64_t D = 3, nv = 2, dk = 8, dv = 6, Lp = 40;
+  const std::vector<int64_t> lens = {40, 1, 23};
+  auto o = at::TensorOptions().dtype(at::kDouble);
+  at::Tensor q = at::randn({D, nv, Lp, dk}, o), k = at::randn({D, nv, Lp, dk}, o);
+  k = k / k.norm(2, -1, true);
+  at::Tensor v = at::randn({D, nv, Lp, dv}, o);
+  // junk past each document's end: the lengths must keep it out
+  at::Tensor g = -at::rand({D, nv, Lp}, o) * 0.5, beta = at::rand({D, nv, Lp}, o);
+  at::Tensor S0 = at::randn({D, nv, dk, dv}, o) * 0.1;
+  at::Tensor lt = at::tensor(lens, at::kLong);
+  for (bool with_initial : {false, true}) {
+    auto [out, S] = gated_delta_rule_recurrent(q, k, v, g, beta, lt, with_initial ? S0 : at::Tensor());
+    ASSERT_EQ(out.sizes(), at::IntArrayRef({D, nv, Lp, dv}));
+    for (int64_t d = 0; d < D; ++d) {
+      for (int64_t h = 0; h < nv; ++h) {
+        const int64_t L = lens[d];
+        at::Tensor s = with_initial ? S0[d][h].clone() : at::zeros({dk, dv}, o);
+        at::Tensor ref = token_by_token(q[d][h].narrow(0, 0, L), k[d][h].narrow(0, 0, L), v[d][h].narrow(0, 0, L),
+                                        g[d][h].narrow(0, 0, L), beta[d][h].narrow(0, 0, L), s);
+        EXPECT_LT(rel(out[d][h].narrow(0, 0, L), ref), 1e-9) << "document " << d << ", head " << h;
+        if (L < Lp) EXPECT_EQ(out[d][h].narrow(0, L, Lp - L).abs().max().item<double>(), 0.0) << "zeros past the end";
+        EXPECT_LT(rel(S[d][h], s), 1e-9) << "document " << d << ", head " << h;
+      }
     }
   }
 }

@@ -1,7 +1,8 @@
 // The fused CUDA path of the Gated DeltaNet layer (DFLASH_TARGET_DELTANET_FUSED=1: the kernels
-// deltanet_qkv_grid and deltanet_gated_out of target_kernels.h) against the ATen path on the same
-// GPU in bf16, and both against a float32 CPU reference of the same layer (the ATen path, itself
-// checked against transformers in test_target_qwen35.py):
+// deltanet_qkv_grid and deltanet_gated_out of target_kernels.h) and the recurrent rule
+// (DFLASH_TARGET_DELTANET=recurrent: the kernel deltanet_recurrent), alone and together, against
+// the ATen path on the same GPU in bf16, and all against a float32 CPU reference of the same layer
+// (the ATen path, itself checked against transformers in test_target_qwen35.py):
 //  - packed documents of unequal lengths (1, 37, 64, 100 tokens: one token, a chunk boundary, a
 //    partial last chunk), realistic head sizes (dk = dv = 128, nv = 2 nk) and odd ones (32 / 48);
 //  - the cache path: each document continues a row of a DeltaNetState (recurrent state and conv
@@ -77,8 +78,9 @@ void compare(int64_t dk, int64_t dv, bool with_state) {
     st_ref.rec = at::randn({D + 2, nv, dk, dv}) * 0.05;
   }
   at::Tensor rows = at::tensor(std::vector<int64_t>{3, 0, 5, 1}, at::kLong);  // documents continue these rows
-  auto run = [&](const at::Device& dev, at::ScalarType dt, bool fused, DeltaNetState* out_state) {
+  auto run = [&](const at::Device& dev, at::ScalarType dt, bool fused, DeltaNetRule rule, DeltaNetState* out_state) {
     set_deltanet_fused(fused);
+    set_deltanet_rule(rule);
     DeltaNetState st;
     if (with_state) st = {st_ref.conv.to(dev, dt).clone(), st_ref.rec.to(dev).clone()};  // the forward writes them
     at::Tensor y = deltanet_forward(x.to(dev, dt), cu, to(l.w, dev, dt), l.s, with_state ? &st : nullptr,
@@ -87,25 +89,38 @@ void compare(int64_t dk, int64_t dv, bool with_state) {
                                  st.rec.defined() ? st.rec.to(at::kCPU) : at::Tensor()};
     return y.to(at::kCPU, at::kFloat);
   };
-  DeltaNetState s32, s_aten, s_fused;
-  at::Tensor ref = run(at::kCPU, at::kFloat, false, &s32);
-  at::Tensor aten = run(gpu, at::kBFloat16, false, &s_aten);
-  at::Tensor fused = run(gpu, at::kBFloat16, true, &s_fused);
-  set_deltanet_fused(false);
-  ASSERT_TRUE(at::isfinite(fused).all().item<bool>());
-  const double e_aten = rel(aten, ref), e_fused = rel(fused, ref), e_pair = rel(fused, aten);
-  const double m_pair = mean_rel(fused, aten);
-  std::printf("dk %ld dv %ld state %d: vs float32 CPU: aten %.3e fused %.3e; fused vs aten %.3e (mean %.3e)\n",
-              long(dk), long(dv), int(with_state), e_aten, e_fused, e_pair, m_pair);
-  EXPECT_LE(e_fused, 1.5 * e_aten + 1e-3);
-  EXPECT_LE(e_pair, 2e-2);
-  // The same roundings in another summation order flip few bf16 outputs by an ulp; a systematic
-  // error (a 1% scale of q: mean 3e-3 on the CPU check) moves the mean.
-  EXPECT_LE(m_pair, 1e-3);
-  if (with_state) {
-    EXPECT_LE(rel(s_fused.rec, s32.rec), 1.5 * rel(s_aten.rec, s32.rec) + 1e-3);
-    EXPECT_LE(rel(s_fused.conv, s_aten.conv), 0.0) << "the conv window is copied, not computed";
+  DeltaNetState s32, s_aten;
+  at::Tensor ref = run(at::kCPU, at::kFloat, false, DeltaNetRule::Inverse, &s32);
+  at::Tensor aten = run(gpu, at::kBFloat16, false, DeltaNetRule::Inverse, &s_aten);
+  const double e_aten = rel(aten, ref);
+  // The fused data movement with the chunked rule, and the recurrent rule (the kernel on CUDA)
+  // with and without it: the same roundings of the inputs, the rule's sums in another order.
+  struct Variant {
+    const char* name;
+    bool fused;
+    DeltaNetRule rule;
+  };
+  for (const Variant& var : {Variant{"fused", true, DeltaNetRule::Inverse},
+                             Variant{"recurrent", false, DeltaNetRule::Recurrent},
+                             Variant{"fused recurrent", true, DeltaNetRule::Recurrent}}) {
+    DeltaNetState s_var;
+    at::Tensor got = run(gpu, at::kBFloat16, var.fused, var.rule, &s_var);
+    ASSERT_TRUE(at::isfinite(got).all().item<bool>()) << var.name;
+    const double e_var = rel(got, ref), e_pair = rel(got, aten), m_pair = mean_rel(got, aten);
+    std::printf("dk %ld dv %ld state %d: vs float32 CPU: aten %.3e %s %.3e; %s vs aten %.3e (mean %.3e)\n",
+                long(dk), long(dv), int(with_state), e_aten, var.name, e_var, var.name, e_pair, m_pair);
+    EXPECT_LE(e_var, 1.5 * e_aten + 1e-3) << var.name;
+    EXPECT_LE(e_pair, 2e-2) << var.name;
+    // The same roundings in another summation order flip few bf16 outputs by an ulp; a systematic
+    // error (a 1% scale of q: mean 3e-3 on the CPU check) moves the mean.
+    EXPECT_LE(m_pair, 1e-3) << var.name;
+    if (with_state) {
+      EXPECT_LE(rel(s_var.rec, s32.rec), 1.5 * rel(s_aten.rec, s32.rec) + 1e-3) << var.name;
+      EXPECT_LE(rel(s_var.conv, s_aten.conv), 0.0) << var.name << ": the conv window is copied, not computed";
+    }
   }
+  set_deltanet_fused(false);
+  set_deltanet_rule(DeltaNetRule::Inverse);
 }
 
 TEST(DeltaNetFused, MatchesAtenPathPacked) {

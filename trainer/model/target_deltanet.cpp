@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <tuple>
 
 #include <ATen/ATen.h>
 
@@ -66,10 +67,9 @@ at::Tensor gated_out(const at::Tensor& o, const at::Tensor& proj, const DeltaNet
   return at::mm(gated_norm(o, proj, w, s), w.w_out.t());
 }
 
-bool use_trsm() {
-  static const bool trsm = env_choice(kDeltaNetSolveEnv, "inverse", {"inverse", "trsm"}) == "trsm";
-  return trsm;
-}
+std::atomic<int> g_rule{-1};  // DeltaNetRule, -1: the environment not read yet
+
+bool use_trsm() { return deltanet_rule() == DeltaNetRule::Trsm; }
 
 // A 0/1 environment knob read on first use, which a benchmark or test may set at run time.
 struct EnvFlag {
@@ -96,6 +96,16 @@ int64_t chunk_size() {
 
 }  // namespace
 
+DeltaNetRule deltanet_rule() {
+  int r = g_rule.load();
+  if (r < 0) {
+    const std::string v = env_choice(kDeltaNetSolveEnv, "inverse", {"inverse", "trsm", "recurrent"});
+    r = int(v == "trsm" ? DeltaNetRule::Trsm : v == "recurrent" ? DeltaNetRule::Recurrent : DeltaNetRule::Inverse);
+    g_rule.store(r);
+  }
+  return DeltaNetRule(r);
+}
+void set_deltanet_rule(DeltaNetRule rule) { g_rule.store(int(rule)); }
 bool deltanet_tf32() { return g_tf32.get(); }
 void set_deltanet_tf32(bool on) { g_tf32.set(on); }
 bool deltanet_fused() { return g_fused.get(); }
@@ -235,6 +245,51 @@ std::pair<at::Tensor, at::Tensor> gated_delta_rule_chunked(const at::Tensor& q_i
   return {o.narrow(2, 0, L).transpose(1, 2), S};  // [B, L, nv, dv]
 }
 
+std::pair<at::Tensor, at::Tensor> gated_delta_rule_recurrent(const at::Tensor& q, const at::Tensor& k,
+                                                             const at::Tensor& v, const at::Tensor& g,
+                                                             const at::Tensor& beta, const at::Tensor& lens,
+                                                             const at::Tensor& initial) {
+  const int64_t D = q.size(0), nv = q.size(1), Lp = q.size(2), dk = q.size(3), dv = v.size(3);
+  DFLASH_CHECK(q.dim() == 4 && k.sizes() == q.sizes() && v.dim() == 4 && v.size(0) == D && v.size(1) == nv &&
+                   v.size(2) == Lp && g.sizes() == at::IntArrayRef({D, nv, Lp}) && beta.sizes() == g.sizes() &&
+                   lens.numel() == D,
+               "gated_delta_rule_recurrent: q, k [D, nv, Lp, dk], v [D, nv, Lp, dv], g, beta [D, nv, Lp], lens [D]");
+  DFLASH_CHECK(!initial.defined() || initial.sizes() == at::IntArrayRef({D, nv, dk, dv}),
+               "gated_delta_rule_recurrent: initial must be [D, nv, dk, dv]");
+#ifdef DFLASH_CUDA
+  if (q.is_cuda()) {
+    DFLASH_CHECK(dk <= 256, "gated_delta_rule_recurrent: dk {} > 256", dk);
+    auto f32 = [](const at::Tensor& t) { return t.to(at::kFloat).contiguous(); };
+    at::Tensor qc = f32(q), kc = f32(k), vc = f32(v), gc = f32(g), bc = f32(beta);
+    at::Tensor lc = lens.to(at::kLong).contiguous();
+    at::Tensor init = initial.defined() ? f32(initial) : at::Tensor();
+    at::Tensor o = at::empty({D, nv, Lp, dv}, qc.options());
+    at::Tensor fin = at::empty({D, nv, dk, dv}, qc.options());
+    kernels::deltanet_recurrent(qc.data_ptr<float>(), kc.data_ptr<float>(), vc.data_ptr<float>(), gc.data_ptr<float>(),
+                                bc.data_ptr<float>(), lc.data_ptr<int64_t>(), D, int(nv), Lp, int(dk), int(dv),
+                                init.defined() ? init.data_ptr<float>() : nullptr, o.data_ptr<float>(),
+                                fin.data_ptr<float>(), at::cuda::getCurrentCUDAStream());
+    return {o, fin};
+  }
+#endif
+  // One position at a time for all documents and heads; a document past its end keeps its state.
+  const auto opt = q.options();
+  at::Tensor S = initial.defined() ? initial.to(q.scalar_type()).clone() : at::zeros({D, nv, dk, dv}, opt);
+  at::Tensor o = at::zeros({D, nv, Lp, dv}, opt);
+  at::Tensor valid = at::arange(Lp, lens.options()).unsqueeze(0).lt(lens.unsqueeze(1)).to(q.scalar_type());
+  const int64_t steps = D ? std::min<int64_t>(Lp, lens.max().item<int64_t>()) : 0;
+  for (int64_t p = 0; p < steps; ++p) {
+    at::Tensor m = valid.select(1, p).view({D, 1, 1});                           // [D, 1, 1]
+    at::Tensor gt = at::exp(g.select(2, p)).unsqueeze(-1) * m + (1 - m);          // [D, nv, 1]
+    at::Tensor kt = k.select(2, p), qt = q.select(2, p), vt = v.select(2, p);     // [D, nv, d]
+    at::Tensor kv = at::matmul(kt.unsqueeze(-2), S).squeeze(-2) * gt;             // (g S)^T k [D, nv, dv]
+    at::Tensor u = beta.select(2, p).unsqueeze(-1) * m * (vt - kv);
+    S = S * gt.unsqueeze(-1) + kt.unsqueeze(-1) * u.unsqueeze(-2);
+    o.select(2, p).copy_(at::matmul(qt.unsqueeze(-2), S).squeeze(-2) * m);
+  }
+  return {o, S};
+}
+
 namespace {
 
 // The grid slots of a packed batch on the device: dest[t] = d * Lmax + p (the documents' grid),
@@ -361,7 +416,10 @@ at::Tensor fused_rest(const at::Tensor& x, const std::vector<int64_t>& cu, const
     return grid.view({D, gi.Lp, s.nv}).transpose(1, 2).contiguous();
   };
   at::Tensor S0 = state ? state->rec.index_select(0, rows) : at::Tensor();
-  auto [o, S] = chunked_heads_first(q, k, v, grid_hf(g), grid_hf(beta), gi.C, S0);
+  at::Tensor gg = grid_hf(g), bg = grid_hf(beta);
+  section("rule");
+  auto [o, S] = deltanet_rule() == DeltaNetRule::Recurrent ? gated_delta_rule_recurrent(q, k, v, gg, bg, gi.lens, S0)
+                                                           : chunked_heads_first(q, k, v, gg, bg, gi.C, S0);
   section("out");
   if (state) save_state(*state, rows, S, ext, cu, s.kernel);
   at::Tensor out = at::mm(gated_out_grid(o, gi, proj, w, s, x.scalar_type()), w.w_out.t());
@@ -417,7 +475,15 @@ at::Tensor deltanet_forward(const at::Tensor& x, const std::vector<int64_t>& cu,
   at::Tensor S0 = state ? state->rec.index_select(0, rows) : at::Tensor();
   section("to_grid");
   at::Tensor qg = to_grid(q), kg = to_grid(k), vg = to_grid(v), gg = to_grid(g), bg = to_grid(beta);
-  auto [o_grid, S] = gated_delta_rule_chunked(qg, kg, vg, gg, bg, gi.C, S0);
+  at::Tensor o_grid, S;
+  if (deltanet_rule() == DeltaNetRule::Recurrent) {
+    section("rule");
+    auto hf = [](const at::Tensor& t) { return t.transpose(1, 2).contiguous(); };  // [D, nv, Lmax, ...]
+    std::tie(o_grid, S) = gated_delta_rule_recurrent(hf(qg), hf(kg), hf(vg), hf(gg), hf(bg), gi.lens, S0);
+    o_grid = o_grid.transpose(1, 2);  // [D, Lmax, nv, dv]
+  } else {
+    std::tie(o_grid, S) = gated_delta_rule_chunked(qg, kg, vg, gg, bg, gi.C, S0);
+  }
   section("out");
   at::Tensor o = o_grid.reshape({D * Lmax, s.nv, s.dv}).index_select(0, dest_t).to(x.scalar_type());
 

@@ -57,8 +57,14 @@ at::Tensor deltanet_forward(const at::Tensor& x, const std::vector<int64_t>& cu,
                             const DeltaNetSpec& s, DeltaNetState* state = nullptr,
                             const at::Tensor& rows = {});
 
-// Environment knob: "inverse" (default) or "trsm" (see above). Read once per process.
+// Environment knob: how the rule runs. "inverse" (default) and "trsm": the chunked form above;
+// "recurrent": token by token (gated_delta_rule_recurrent below: on CUDA one kernel holding the
+// state in registers, no float32 intermediates in memory). Read on first use;
+// set_deltanet_rule overrides it (tests, benchmarks).
 constexpr const char* kDeltaNetSolveEnv = "DFLASH_TARGET_DELTANET";
+enum class DeltaNetRule { Inverse, Trsm, Recurrent };
+DeltaNetRule deltanet_rule();
+void set_deltanet_rule(DeltaNetRule rule);
 
 // DFLASH_TARGET_DELTANET_TF32=1 (or set_deltanet_tf32(true)) runs the float32 products of the
 // chunked rule (intra-chunk matmuls, the inverse, the per-chunk state updates) on TF32 tensor
@@ -85,7 +91,8 @@ void set_deltanet_fused(bool on);
 
 // Profiling hook (benchmarks: target_family_bench --profile): when set, deltanet_forward calls it
 // at the start of each of its sections ("in_proj", "conv", "qkv_gates", "to_grid", "chunk_intra",
-// "chunk_inverse", "chunk_loop", "chunk_out", "out": the un-grid, gated norm and out_proj) and
+// "chunk_inverse", "chunk_loop", "chunk_out", or "rule" for the recurrent form, "out": the un-grid, gated norm and
+// out_proj) and
 // with nullptr at its end. Process-wide; nullptr: off (the default, one relaxed load per section).
 using DeltaNetSectionHook = void (*)(const char* section);
 void set_deltanet_section_hook(DeltaNetSectionHook hook);
@@ -104,5 +111,16 @@ std::pair<at::Tensor, at::Tensor> gated_delta_rule_chunked(const at::Tensor& q, 
                                                            const at::Tensor& v, const at::Tensor& g,
                                                            const at::Tensor& beta, int64_t chunk = 64,
                                                            const at::Tensor& initial = {});
+
+// The gated delta rule token by token on heads-first grids: q, k [D, nv, Lp, dk], v [D, nv, Lp,
+// dv], g, beta [D, nv, Lp], float32; document d runs positions 0 .. lens[d] - 1 (lens [D] int64 on
+// the same device, <= Lp) from initial[d] ([D, nv, dk, dv]; undefined: zeros). Returns o [D, nv,
+// Lp, dv] (zeros past each document) and the final states [D, nv, dk, dv]. CUDA: the kernel
+// target_kernels.h deltanet_recurrent (dk <= 256); CPU: the same recurrence in ATen, one position
+// at a time (for tests: slow).
+std::pair<at::Tensor, at::Tensor> gated_delta_rule_recurrent(const at::Tensor& q, const at::Tensor& k,
+                                                             const at::Tensor& v, const at::Tensor& g,
+                                                             const at::Tensor& beta, const at::Tensor& lens,
+                                                             const at::Tensor& initial = {});
 
 }  // namespace dflash::model

@@ -203,6 +203,131 @@ __global__ void deltanet_gated_out_kernel(const float* __restrict__ o, const int
   }
 }
 
+// The recurrent delta rule. Block: 4 warps, 32 columns j of one head's state (warp w: columns
+// 8w .. 8w + 7); lane l = 8 rg + jj holds rows rg * R .. rg * R + R - 1 (R = DK / 4) of column
+// 8w + jj, so S^T k and S^T q are R products per lane plus two shuffles (over rg). k and q of
+// kRecT tokens at a time are staged in shared memory, each 32-row block shifted by 4 floats so
+// that the four row groups' float4 reads fall in distinct banks. DK: dk rounded up to 32, 64,
+// 128 or 256 (rows past dk are zeros and stay zero).
+template <int DK>
+struct RecShape {
+  static constexpr int R = DK / 4;                 // rows per lane
+  static constexpr int T = DK >= 256 ? 16 : 32;    // tokens per stage
+  static constexpr int KP = DK + DK / 8;           // padded row: 4 floats after every 32
+  __host__ __device__ static constexpr int at(int i) { return i + (i >> 5) * 4; }
+};
+
+template <int DK>
+__global__ void __launch_bounds__(128) deltanet_recurrent_kernel(
+    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+    const float* __restrict__ g, const float* __restrict__ beta, const int64_t* __restrict__ lens, int nv,
+    int64_t Lp, int dk, int dv, const float* __restrict__ initial, float* __restrict__ o,
+    float* __restrict__ final_state) {
+  using Sh = RecShape<DK>;
+  constexpr int R = Sh::R, TB = Sh::T, KP = Sh::KP;
+  __shared__ __align__(16) float sk[TB][KP];
+  __shared__ __align__(16) float sq[TB][KP];
+  __shared__ float sv[TB][32];
+  __shared__ float sg[TB], sb[TB];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, rg = lane >> 3, jj = lane & 7;
+  const int h = blockIdx.y;
+  const int64_t d = blockIdx.z;
+  const int c = warp * 8 + jj;                 // column within the slice
+  const int col = blockIdx.x * 32 + c;         // column of the state
+  const int64_t head = d * nv + h;
+  const int64_t len = lens[d];
+  const float* qh = q + head * Lp * dk;
+  const float* kh = k + head * Lp * dk;
+  const float* vh = v + head * Lp * dv;
+  const float* gh = g + head * Lp;
+  const float* bh = beta + head * Lp;
+  float* oh = o + head * Lp * dv;
+
+  float S[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int i = rg * R + r;
+    S[r] = (initial != nullptr && i < dk && col < dv) ? initial[(head * dk + i) * dv + col] : 0.f;
+  }
+  for (int64_t p0 = 0; p0 < len; p0 += TB) {
+    __syncthreads();  // the previous stage's reads are done
+    for (int idx = threadIdx.x; idx < TB * DK; idx += blockDim.x) {
+      const int t = idx / DK, i = idx % DK;
+      const int64_t p = p0 + t;
+      const bool ok = p < len && i < dk;
+      sk[t][Sh::at(i)] = ok ? kh[p * dk + i] : 0.f;
+      sq[t][Sh::at(i)] = ok ? qh[p * dk + i] : 0.f;
+    }
+    for (int idx = threadIdx.x; idx < TB * 32; idx += blockDim.x) {
+      const int t = idx / 32, cc = idx % 32, cv = blockIdx.x * 32 + cc;
+      const int64_t p = p0 + t;
+      sv[t][cc] = (p < len && cv < dv) ? vh[p * dv + cv] : 0.f;
+    }
+    for (int t = threadIdx.x; t < TB; t += blockDim.x) {
+      const int64_t p = p0 + t;
+      sg[t] = p < len ? __expf(gh[p]) : 1.f;
+      sb[t] = p < len ? bh[p] : 0.f;
+    }
+    __syncthreads();
+    const int nt = int(len - p0 < TB ? len - p0 : TB);
+    for (int t = 0; t < nt; ++t) {
+      float kr[R];
+      float a0 = 0.f, a1 = 0.f;
+#pragma unroll
+      for (int r4 = 0; r4 < R / 4; ++r4) {
+        // rows rg * R + 4 r4 .. + 3; a 32-row block boundary adds the 4-float gap
+        const float4 x = *reinterpret_cast<const float4*>(&sk[t][Sh::at(rg * R + 4 * r4)]);
+        kr[4 * r4] = x.x, kr[4 * r4 + 1] = x.y, kr[4 * r4 + 2] = x.z, kr[4 * r4 + 3] = x.w;
+        a0 = fmaf(S[4 * r4], x.x, a0);
+        a1 = fmaf(S[4 * r4 + 1], x.y, a1);
+        a0 = fmaf(S[4 * r4 + 2], x.z, a0);
+        a1 = fmaf(S[4 * r4 + 3], x.w, a1);
+      }
+      float kv = a0 + a1;
+      kv += __shfl_xor_sync(0xffffffffu, kv, 8);
+      kv += __shfl_xor_sync(0xffffffffu, kv, 16);
+      const float gt = sg[t];
+      const float u = sb[t] * (sv[t][c] - gt * kv);
+      float b0 = 0.f, b1 = 0.f;
+#pragma unroll
+      for (int r4 = 0; r4 < R / 4; ++r4) {
+        const float4 x = *reinterpret_cast<const float4*>(&sq[t][Sh::at(rg * R + 4 * r4)]);
+        S[4 * r4] = fmaf(S[4 * r4], gt, kr[4 * r4] * u);
+        S[4 * r4 + 1] = fmaf(S[4 * r4 + 1], gt, kr[4 * r4 + 1] * u);
+        S[4 * r4 + 2] = fmaf(S[4 * r4 + 2], gt, kr[4 * r4 + 2] * u);
+        S[4 * r4 + 3] = fmaf(S[4 * r4 + 3], gt, kr[4 * r4 + 3] * u);
+        b0 = fmaf(S[4 * r4], x.x, b0);
+        b1 = fmaf(S[4 * r4 + 1], x.y, b1);
+        b0 = fmaf(S[4 * r4 + 2], x.z, b0);
+        b1 = fmaf(S[4 * r4 + 3], x.w, b1);
+      }
+      float ov = b0 + b1;
+      ov += __shfl_xor_sync(0xffffffffu, ov, 8);
+      ov += __shfl_xor_sync(0xffffffffu, ov, 16);
+      if (rg == 0 && col < dv) oh[(p0 + t) * dv + col] = ov;
+    }
+  }
+  // zeros past the document, then the final state
+  for (int64_t p = len + rg; p < Lp; p += 4)
+    if (col < dv) oh[p * dv + col] = 0.f;
+  if (final_state != nullptr && col < dv) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int i = rg * R + r;
+      if (i < dk) final_state[(head * dk + i) * dv + col] = S[r];
+    }
+  }
+}
+
+template <int DK>
+void launch_recurrent(const float* q, const float* k, const float* v, const float* g, const float* beta,
+                      const int64_t* lens, int64_t D, int nv, int64_t Lp, int dk, int dv, const float* initial,
+                      float* o, float* fin, cudaStream_t st) {
+  const dim3 grid(unsigned((dv + 31) / 32), unsigned(nv), unsigned(D));
+  deltanet_recurrent_kernel<DK><<<grid, 128, 0, st>>>(q, k, v, g, beta, lens, nv, Lp, dk, dv, initial, o, fin);
+  DFLASH_CHECK_LAUNCH("target Gated DeltaNet recurrent rule");
+}
+
 template <typename T>
 void launch_qkv_grid(const void* conv, int64_t D, int64_t Cd, int64_t Lmax, int64_t Lp, const int64_t* lens,
                      int nk, int nv, int dk, int dv, float scale, float* q, float* k, float* v, cudaStream_t st) {
@@ -276,6 +401,16 @@ void deltanet_gated_out(const float* o_grid, const int64_t* dest, int64_t T, int
     case DType::F16: launch_gated_out<__half>(o_grid, dest, T, nv, dv, Lp, Lmax, z, ldz, w, eps, y, stream); break;
     case DType::F32: launch_gated_out<float>(o_grid, dest, T, nv, dv, Lp, Lmax, z, ldz, w, eps, y, stream); break;
   }
+}
+
+void deltanet_recurrent(const float* q, const float* k, const float* v, const float* g, const float* beta,
+                        const int64_t* lens, int64_t D, int nv, int64_t Lp, int dk, int dv, const float* initial,
+                        float* o, float* final_state, cudaStream_t stream) {
+  if (D == 0 || nv == 0 || dv == 0 || Lp == 0) return;
+  if (dk <= 32) launch_recurrent<32>(q, k, v, g, beta, lens, D, nv, Lp, dk, dv, initial, o, final_state, stream);
+  else if (dk <= 64) launch_recurrent<64>(q, k, v, g, beta, lens, D, nv, Lp, dk, dv, initial, o, final_state, stream);
+  else if (dk <= 128) launch_recurrent<128>(q, k, v, g, beta, lens, D, nv, Lp, dk, dv, initial, o, final_state, stream);
+  else launch_recurrent<256>(q, k, v, g, beta, lens, D, nv, Lp, dk, dv, initial, o, final_state, stream);
 }
 
 void qk_norm_rope(void* qkv, int64_t T, int64_t ld, int nq, int nkv, int hd, const void* q_norm,

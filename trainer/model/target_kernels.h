@@ -1,5 +1,5 @@
 // CUDA kernels of the target model's forward: per-head q/k RMSNorm + RoPE in place on the fused
-// qkv GEMM output, SiLU gating, and the Gated DeltaNet's data movement around its chunked rule. Plain pointers and sizes only (no LibTorch here): the
+// qkv GEMM output, SiLU gating, and the Gated DeltaNet's data movement around its rule and the rule itself in its recurrent form. Plain pointers and sizes only (no LibTorch here): the
 // tensor checks live in target_ops.cpp, the one caller.
 //
 // Owns nothing. Launches are asynchronous on the given stream. Thread-safety: stateless.
@@ -42,5 +42,16 @@ void deltanet_qkv_grid(const void* conv, int64_t D, int64_t Cd, int64_t Lmax, in
 void deltanet_gated_out(const float* o_grid, const int64_t* dest, int64_t T, int nv, int dv, int64_t Lp,
                         int64_t Lmax, const void* z, int64_t ldz, const void* w, float eps, void* y, DType dtype,
                         cudaStream_t stream);
+
+// The gated delta rule token by token (target_deltanet.h gated_delta_rule_recurrent), per
+// document d and value head h from the state initial[d, h] (nullptr: zeros):
+//     S <- exp(g_t) S;  S <- S + k_t (beta_t (v_t - S^T k_t))^T;  o_t = S^T q_t
+// q, k [D, nv, Lp, dk], v and o [D, nv, Lp, dv], g, beta [D, nv, Lp], states [D, nv, dk, dv], all
+// float32 contiguous; document d runs positions 0 .. lens[d] - 1 (lens on the device, <= Lp), o
+// is written as zeros past them; final_state nullptr: not written. One thread block per
+// (32-column slice of dv, head, document) holds that slice of S in registers. dk <= 256.
+void deltanet_recurrent(const float* q, const float* k, const float* v, const float* g, const float* beta,
+                        const int64_t* lens, int64_t D, int nv, int64_t Lp, int dk, int dv, const float* initial,
+                        float* o, float* final_state, cudaStream_t stream);
 
 }  // namespace dflash::model::kernels
