@@ -206,7 +206,7 @@ __global__ void deltanet_gated_out_kernel(const float* __restrict__ o, const int
 // The recurrent delta rule. Block: 4 warps, 32 columns j of one head's state (warp w: columns
 // 8w .. 8w + 7); lane l = 8 rg + jj holds rows rg * R .. rg * R + R - 1 (R = DK / 4) of column
 // 8w + jj, so S^T k and S^T q are R products per lane plus two shuffles (over rg). k and q of
-// kRecT tokens at a time are staged in shared memory, each 32-row block shifted by 4 floats so
+// RecShape::T tokens at a time are staged in shared memory, each 32-row block shifted by 4 floats so
 // that the four row groups' float4 reads fall in distinct banks. DK: dk rounded up to 32, 64,
 // 128 or 256 (rows past dk are zeros and stay zero).
 template <int DK>
@@ -265,7 +265,7 @@ __global__ void __launch_bounds__(128) deltanet_recurrent_kernel(
     }
     for (int t = threadIdx.x; t < TB; t += blockDim.x) {
       const int64_t p = p0 + t;
-      sg[t] = p < len ? __expf(gh[p]) : 1.f;
+      sg[t] = p < len ? expf(gh[p]) : 1.f;
       sb[t] = p < len ? bh[p] : 0.f;
     }
     __syncthreads();
