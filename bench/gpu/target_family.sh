@@ -16,7 +16,7 @@ rc=0
 CONFIGS=${DFLASH_FAMILY_CONFIGS:-qwen3-30b-a3b qwen3.5-9b}
 echo "--- GPU test: the fused Gated DeltaNet kernels and the recurrent rule against the ATen path (tests/model/test_deltanet_gpu)"
 timeout 120 "$BUILD/tests/model/test_deltanet_gpu" > "$OUT/test_deltanet_gpu.txt" 2>&1 || rc=1
-grep -E "^dk|OK|FAILED|Failure|Expected" "$OUT/test_deltanet_gpu.txt"
+grep -E "^dk|^recurrent kernel|OK|FAILED|Failure|Expected" "$OUT/test_deltanet_gpu.txt"
 for cfg in $CONFIGS; do
   echo "--- dflash $cfg ($SHAPES)"
   prof=(); [ $cfg = qwen3.5-9b ] && prof=(--profile)

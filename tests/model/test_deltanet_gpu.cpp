@@ -6,12 +6,14 @@
 //  - packed documents of unequal lengths (1, 37, 64, 100 tokens: one token, a chunk boundary, a
 //    partial last chunk), realistic head sizes (dk = dv = 128, nv = 2 nk) and odd ones (32 / 48);
 //  - the cache path: each document continues a row of a DeltaNetState (recurrent state and conv
-//    window in), and the states it leaves are compared too.
+//    window in), and the states it leaves are compared too;
+//  - the recurrent kernel alone in float32 against float64 (DeltaNetRecurrent below).
 // Tolerance: the fused error against float32 at most 1.5x the ATen path's plus 1e-3 (the same
 // bf16 roundings, summed in another order; a wrong head, position or document is O(1)), fused vs
 // ATen within 2e-2 of the output's scale at most and 1e-3 on average. Skipped without a CUDA device.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 
 #include <ATen/ATen.h>
@@ -121,6 +123,44 @@ void compare(int64_t dk, int64_t dv, bool with_state) {
   }
   set_deltanet_fused(false);
   set_deltanet_rule(DeltaNetRule::Inverse);
+}
+
+// The recurrent rule's kernel alone, float32 on the GPU against its float64 ATen form on the CPU
+// (itself checked against the token-by-token rule in test_deltanet): documents of lengths 1, 37
+// and a full row, junk past their ends (the lengths must keep it out), with and without an
+// initial state; head sizes that fill the kernel's 32-row groups (128, 256), that do not (48,
+// 40: masked rows and columns), and dv > 32 (several column slices). Tolerance 1e-4 relative to
+// the output's largest entry: float32 sums over dk of a state whose scale the decay bounds
+// (about 1e-6 in practice); a wrong row, column, slice, position or decay is O(1).
+TEST(DeltaNetRecurrent, KernelMatchesFloat64) {
+  if (!at::hasCUDA()) GTEST_SKIP() << "no CUDA device";
+  at::manual_seed(21);
+  struct Shape { int64_t dk, dv; };
+  for (const Shape sh : {Shape{128, 128}, Shape{48, 40}, Shape{256, 64}}) {
+    const int64_t D = 3, nv = 2, Lp = 96;
+    auto o = at::TensorOptions().dtype(at::kDouble);
+    at::Tensor q = at::randn({D, nv, Lp, sh.dk}, o) / std::sqrt(double(sh.dk));
+    at::Tensor k = at::randn({D, nv, Lp, sh.dk}, o);
+    k = k / k.norm(2, -1, true);
+    at::Tensor v = at::randn({D, nv, Lp, sh.dv}, o);
+    at::Tensor g = -at::rand({D, nv, Lp}, o) * 0.5, beta = at::rand({D, nv, Lp}, o);
+    at::Tensor S0 = at::randn({D, nv, sh.dk, sh.dv}, o) * 0.1;
+    at::Tensor lens = at::tensor(std::vector<int64_t>{1, 37, Lp}, at::kLong);
+    for (bool with_initial : {false, true}) {
+      at::Tensor init = with_initial ? S0 : at::Tensor();
+      auto [ref_o, ref_s] = gated_delta_rule_recurrent(q, k, v, g, beta, lens, init);
+      auto dev = [](const at::Tensor& t) { return t.to(at::Device("cuda:0"), at::kFloat); };
+      auto [got_o, got_s] = gated_delta_rule_recurrent(dev(q), dev(k), dev(v), dev(g), dev(beta), lens.to("cuda:0"),
+                                                       with_initial ? dev(S0) : at::Tensor());
+      const double eo = rel(got_o, ref_o), es = rel(got_s, ref_s);
+      std::printf("recurrent kernel dk %ld dv %ld initial %d: output %.3e, final state %.3e\n", long(sh.dk),
+                  long(sh.dv), int(with_initial), eo, es);
+      EXPECT_LT(eo, 1e-4) << "dk " << sh.dk << " dv " << sh.dv;
+      EXPECT_LT(es, 1e-4) << "dk " << sh.dk << " dv " << sh.dv;
+      EXPECT_EQ(got_o.to(at::kCPU).select(0, 0).narrow(1, 1, Lp - 1).abs().max().item<float>(), 0.f)
+          << "zeros past the end of document 0";
+    }
+  }
 }
 
 TEST(DeltaNetFused, MatchesAtenPathPacked) {
