@@ -63,6 +63,17 @@ def main():
     em, ea = load(os.path.join(out, "eval_main.json")), load(os.path.join(out, "eval_ablation.json"))
     if em and ea:
         lines += ["", f"tau difference (main - ablation): **{em['tau'] - ea['tau']:+.2f}** (bar for main: tau >= 2.5 at block 16, greedy)"]
+    ef = load(os.path.join(out, "eval_main_fixed.json"))
+    if em and ef:
+        same = sum(a.get("tokens") == b.get("tokens") and a.get("accepted") == b.get("accepted")
+                   for a, b in zip(em.get("prompts", []), ef.get("prompts", [])))
+        cs, fs = (em.get("speculative") or {}), (ef.get("speculative") or {})
+        lines += ["", "## Engines of the speculative pass (the main drafter's eval)", "",
+                  "| engine | wall s | tokens/s | tau | prompts identical to the cache engine |", "|---|---|---|---|---|",
+                  f"| cache (TargetCache, the default) | {f(cs.get('wall_s'))} | {f(cs.get('tokens_per_s'), '.0f')} | {f(em.get('tau'))} | - |",
+                  f"| fixed (DFLASH_EVAL_ENGINE=fixed) | {f(fs.get('wall_s'))} | {f(fs.get('tokens_per_s'), '.0f')} | {f(ef.get('tau'))} | "
+                  f"{same}/{len(ef.get('prompts', []))} |",
+                  "", f"plain greedy decoding (cache engine) in the main eval: {f((em.get('baseline') or {}).get('tokens_per_s'), '.0f')} tok/s"]
     print("\n".join(lines))
 
 

@@ -28,7 +28,7 @@
 # Q_MAX_NEW (384), Q_SPEED_PROMPTS (512), Q_STEPS (1400; the 2026-12-01 run reached held-out tau 2.43 after 1000 steps on 16000 prompts in a 10.1-minute chain, still rising, with a training estimate of 5.31: more steps and more data), Q_ABLATION ("drafter.num_layers=1"),
 # Q_EVAL_BATCH (128), Q_EVAL_MAX_NEW (256), Q_EVAL_EVERY (250: real tau during training on 32
 # held-out prompts x 128 tokens, for the curve; 0: off), Q_DEVICE (auto), Q_OVERRIDES (more config overrides),
-# Q_TRAIN_CAP (420: seconds of training per stage call), Q_SKIP_HF=1 (no transformers comparison), Q_SKIP_CACHE=1 (no cache-engine run in the speed step), Q_TOY=1 (CPU smoke run: tests/real/test_chain.py).
+# Q_TRAIN_CAP (420: seconds of training per stage call), Q_FIXED_ENGINE (1: the main eval again on the fixed-shape engine), Q_SKIP_HF=1 (no transformers comparison), Q_SKIP_CACHE=1 (no cache-engine run in the speed step), Q_TOY=1 (CPU smoke run: tests/real/test_chain.py).
 # targets: dflash_rank
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -214,16 +214,31 @@ train_eval() {
     [ -f "$dir/exports/final/config.json" ] || { say "training $name not finished: run the stage again"; return 1; }
   fi
   cp "$dir/metrics.jsonl" "$OUT/metrics_$name.jsonl"
-  # done in an earlier call (state in $S; $OUT is emptied by each device call)
-  [ -f "$S/eval_$name.json" ] && { cp "$S/eval_$name.json" "$OUT/eval_$name.json"; return 0; }
   have_eval || { say "SKIP eval: dflash_rank eval is not in this tree"; return 0; }
-  step "dflash_rank eval $name on $Q_EVAL_PROMPTS held-out prompts" 240
-  [ "$T" -gt 0 ] || return 1
-  # shellcheck disable=SC2086
-  timeout "$T" "$RANK" eval "${train_cfg[@]}" run.dir="$dir" "$@" ${Q_OVERRIDES:-} eval.drafter_dir="$dir/exports/final" \
-    eval.prompts="$S/eval_prompts.jsonl" eval.max_new_tokens="$Q_EVAL_MAX_NEW" eval.batch_size="$Q_EVAL_BATCH" \
-    eval.device="$Q_DEVICE" eval.out="$S/eval_$name.json" 2>&1 | tee "$OUT/eval_$name.log" | grep -E "^eval: [^0-9]" | tail -4
+  # done in an earlier call (state in $S; $OUT is emptied by each device call)
+  if [ ! -f "$S/eval_$name.json" ]; then
+    step "dflash_rank eval $name on $Q_EVAL_PROMPTS held-out prompts" 240
+    [ "$T" -gt 0 ] || return 1
+    # shellcheck disable=SC2086
+    timeout "$T" "$RANK" eval "${train_cfg[@]}" run.dir="$dir" "$@" ${Q_OVERRIDES:-} eval.drafter_dir="$dir/exports/final" \
+      eval.prompts="$S/eval_prompts.jsonl" eval.max_new_tokens="$Q_EVAL_MAX_NEW" eval.batch_size="$Q_EVAL_BATCH" \
+      eval.device="$Q_DEVICE" eval.out="$S/eval_$name.json" 2>&1 | tee "$OUT/eval_$name.log" | grep -E "^eval: [^0-9]" | tail -4
+  fi
   [ -f "$S/eval_$name.json" ] && cp "$S/eval_$name.json" "$OUT/eval_$name.json"
+  # The same speculative pass on the fixed-shape engine (DFLASH_EVAL_ENGINE=fixed,
+  # trainer/eval/speculative_fixed.h): its wall time beside the cache engine's; tokens must match.
+  if [ "$name" = main ] && [ "${Q_FIXED_ENGINE:-1}" = 1 ] && [ -f trainer/eval/speculative_fixed.h ] &&
+     [ ! -f "$S/eval_${name}_fixed.json" ]; then
+    step "dflash_rank eval $name, fixed-shape engine (no baseline)" 120
+    [ "$T" -gt 0 ] || return 0
+    # shellcheck disable=SC2086
+    DFLASH_EVAL_ENGINE=fixed timeout "$T" "$RANK" eval "${train_cfg[@]}" run.dir="$dir" "$@" ${Q_OVERRIDES:-} \
+      eval.drafter_dir="$dir/exports/final" eval.prompts="$S/eval_prompts.jsonl" eval.max_new_tokens="$Q_EVAL_MAX_NEW" \
+      eval.batch_size="$Q_EVAL_BATCH" eval.device="$Q_DEVICE" eval.baseline=false eval.out="$S/eval_${name}_fixed.json" 2>&1 |
+      tee "$OUT/eval_${name}_fixed.log" | grep -E "^eval: [^0-9]" | tail -3
+  fi
+  [ -f "$S/eval_${name}_fixed.json" ] && cp "$S/eval_${name}_fixed.json" "$OUT/eval_${name}_fixed.json"
+  return 0
 }
 
 # Results of earlier device calls ($OUT is emptied by each): kept under $S/results after every

@@ -80,14 +80,19 @@ def eval_args(a, out, *extra):
             "run.cpu_threads=1", *extra]
 
 
+@pytest.mark.parametrize("engine", ["cache", "fixed"])
 @pytest.mark.parametrize("bs,batch", [(0, 3), (4, 5)])
-def test_accepted_lengths_match_the_python_reference(assets, tmp_path, bs, batch):
+def test_accepted_lengths_match_the_python_reference(assets, tmp_path, bs, batch, engine):
+    """Both engines of the speculative pass (DFLASH_EVAL_ENGINE: TargetCache, or the fixed-shape
+    loop on the static cache, trainer/eval/speculative_fixed.h) against the reference."""
     a = assets
     out = tmp_path / "eval.json"
     r = run_rank(*eval_args(a, out, f"eval.block_size={bs}", f"eval.batch_size={batch}"),
-                 env=dict(ENV, MALLOC_PERTURB_="128"))
+                 env=dict(ENV, MALLOC_PERTURB_="128", DFLASH_EVAL_ENGINE=engine))
+    assert f"{engine} engine" in r.stderr + r.stdout
     assert f"eval: {batch}/8 prompts" in r.stderr + r.stdout  # the progress line
     rep = json.load(open(out))
+    assert rep["engine"] == engine
     cfg = json.load(open(os.path.join(a["export"], "config.json")))
     block = bs or cfg["block_size"]
     assert rep["block_size"] == block
@@ -156,6 +161,40 @@ def test_training_estimate_tracks_served_tau_on_the_training_prompts(assets, tmp
     assert served > 1.1, "the drafter accepts (almost) nothing: the comparison would be weak"
     assert abs(est / served - 1) < 0.15, (est, served, block_mean)
     assert block_mean / served > 1.3, (est, served, block_mean)  # the case tells the two apart
+
+
+@pytest.mark.parametrize("extra", [["eval.block_size=4", "eval.batch_size=7"],
+                                   ["eval.stop_token_ids=[122,459]", "eval.batch_size=9"],
+                                   ["eval.max_new_tokens=1"], ["eval.max_new_tokens=2", "eval.batch_size=3"]])
+def test_fixed_engine_equals_the_cache_engine(assets, tmp_path, extra):
+    """The fixed-shape loop (DFLASH_EVAL_ENGINE=fixed) and the cache engine give the same tokens and
+    the same accepted drafts per step on every prompt: block sizes, uneven batches, stop tokens
+    inside a step's commit (the demo target's most frequent outputs), max_new_tokens 1 and 2.
+    The prompts are the training prompts, where the drafter accepts often (a tau well above 1)."""
+    import dflash_shard
+    a = assets
+    prompts = []
+    for path in sorted(os.listdir(a["data"])):
+        if path.endswith(".dfshard"):
+            for ids, mask in dflash_shard.read_shard(os.path.join(a["data"], path))[0]:
+                prompts.append(ids.tolist()[:mask.tolist().index(1)])
+    write_prompts(tmp_path / "p.jsonl", prompts[:48])
+    reps = {}
+    for engine in ("cache", "fixed"):
+        out = tmp_path / f"{engine}.json"
+        args = [x for x in eval_args(a, out, "eval.baseline=false") if not x.startswith("eval.prompts")]
+        run_rank(*args, f"eval.prompts={tmp_path / 'p.jsonl'}", *extra, env=dict(ENV, DFLASH_EVAL_ENGINE=engine))
+        reps[engine] = json.load(open(out))
+    c, f = reps["cache"], reps["fixed"]
+    assert (c["engine"], f["engine"]) == ("cache", "fixed")
+    for i, (x, y) in enumerate(zip(c["prompts"], f["prompts"])):
+        assert x["tokens"] == y["tokens"] and x["accepted"] == y["accepted"], f"prompt {i}"
+    assert c["steps"] == f["steps"] and c["tau"] == f["tau"]
+    if "eval.max_new_tokens=1" not in extra:  # (one token: the prefill's, no step)
+        need = 5 if "eval.max_new_tokens=2" in extra else 20  # (two tokens: one step per prompt)
+        assert sum(sum(p["accepted"]) for p in f["prompts"]) >= need, "too few accepted drafts to compare"
+    if any(x.startswith("eval.stop_token_ids") for x in extra):
+        assert any(len(p["tokens"]) < MAX_NEW for p in f["prompts"]), "no row stopped early"
 
 
 def test_greedy_output_equals_transformers(assets, tmp_path):

@@ -12,7 +12,8 @@
 //     sampling output, and an oracle of the sampled continuation is accepted in full;
 //   - the draft cache holds only context K/V after every step: per row exactly the committed
 //     positions below the block start, equal to the keys of one fresh add_context over the
-//     target's features of the committed sequence, and zeros past it.
+//     target's features of the committed sequence, and zeros past it;
+//   - the fixed-shape loop (speculative_fixed.h) equals this one row for row (FixedDecoder).
 // ctest also runs this binary with MALLOC_PERTURB_=128 (junk in fresh heap memory).
 #include <gtest/gtest.h>
 
@@ -21,6 +22,7 @@
 #include "core/error.h"
 #include "trainer/eval/draft.h"
 #include "trainer/eval/speculative.h"
+#include "trainer/eval/speculative_fixed.h"
 #include "trainer/model/drafter.h"
 #include "trainer/model/hf_config.h"
 #include "trainer/model/target.h"
@@ -257,4 +259,47 @@ TEST(Speculative, BadOptions) {
   EXPECT_THROW(SpeculativeDecoder(tiny(), prop, p, iota(p.size()), options(1, 8)), UserError);
   EXPECT_THROW(SpeculativeDecoder(tiny(), prop, {{}}, {0}, options(8, 8)), UserError);  // empty prompt
   EXPECT_THROW(SpeculativeDecoder(tiny(), prop, {{V}}, {0}, options(8, 8)), UserError);  // outside the vocab
+}
+
+// The fixed-shape loop (speculative_fixed.h) against SpeculativeDecoder with the same DFlash
+// proposer: the same tokens and accepted drafts per row, for block sizes 16 and 10 and short
+// limits, and with stop tokens taken from the rows' own outputs (so rows end at different steps,
+// some inside a step's commit). The acceptance itself is checked end to end with a trained
+// drafter in tests/eval/test_eval.py; here the random drafter mostly accepts nothing.
+TEST(FixedDecoder, EqualsSpeculativeDecoder) {
+  auto p = prompts();
+  DFlashProposer prop(drafter(), tiny());
+  for (int64_t bs : {16, 10}) {
+    for (int64_t max_new : {1, 3, 40}) {
+      for (bool stops : {false, true}) {
+        DecodeOptions o = options(bs, max_new);
+        if (stops) {
+          SpeculativeDecoder free_run(tiny(), prop, p, iota(p.size()), options(bs, max_new));
+          free_run.run();
+          for (const auto& r : free_run.results())  // a token from the middle of each row's output
+            if (r.tokens.size() > 2) o.stop_ids.push_back(r.tokens[r.tokens.size() / 2]);
+        }
+        SpeculativeDecoder ref(tiny(), prop, p, iota(p.size()), o);
+        ref.run();
+        FixedSpeculativeDecoder fixed(tiny(), prop, p, o);
+        fixed.run();
+        for (size_t b = 0; b < p.size(); ++b) {
+          EXPECT_EQ(fixed.results()[b].tokens, ref.results()[b].tokens) << "bs " << bs << " max_new " << max_new << " row " << b;
+          EXPECT_EQ(fixed.results()[b].accepted, ref.results()[b].accepted) << "bs " << bs << " row " << b;
+          EXPECT_EQ(fixed.results()[b].target_forwards, ref.results()[b].target_forwards) << "row " << b;
+        }
+      }
+    }
+  }
+}
+
+TEST(FixedDecoder, BadOptions) {
+  auto p = prompts();
+  DFlashProposer prop(drafter(), tiny());
+  EXPECT_THROW(FixedSpeculativeDecoder(tiny(), prop, p, options(8, 8, 0.7)), UserError);  // greedy only
+  EXPECT_THROW(FixedSpeculativeDecoder(tiny(), prop, p, options(17, 8)), UserError);     // > drafter's 16
+  EXPECT_THROW(FixedSpeculativeDecoder(tiny(), prop, {{}}, options(8, 8)), UserError);   // empty prompt
+  EXPECT_THROW(FixedSpeculativeDecoder(tiny(), prop, {{V}}, options(8, 8)).run(), UserError);  // outside the vocab
+  EXPECT_FALSE(FixedSpeculativeDecoder::supports(tiny(), options(8, 8, 0.5)));
+  EXPECT_TRUE(FixedSpeculativeDecoder::supports(tiny(), options(8, 8)));
 }

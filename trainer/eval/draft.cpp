@@ -100,9 +100,15 @@ void DFlashProposer::add_context(const at::Tensor& features, const std::vector<i
     for (int64_t i = 0; i < n; ++i) row_of.push_back(b), pos.push_back(len_[b] + i);
   }
   const at::Device dev = drafter_.device();
-  at::Tensor rows_t = at::tensor(row_of, at::kLong).to(dev), pos_t = at::tensor(pos, at::kLong).to(dev);
+  write_context(features.narrow(0, 0, T), at::tensor(row_of, at::kLong).to(dev), at::tensor(pos, at::kLong).to(dev));
+  for (int64_t b = 0; b < rows; ++b) len_[b] += offsets[b + 1] - offsets[b];
+}
+
+void DFlashProposer::write_context(const at::Tensor& features, const at::Tensor& rows_t, const at::Tensor& pos_t) {
+  const auto& s = drafter_.spec();
+  const int64_t T = features.size(0);
   // C = hidden_norm(fc(features)) (DFLASH.md §1.1), then each layer's context keys and values.
-  at::Tensor c = rms(at::linear(features.narrow(0, 0, T).to(drafter_.dtype()), fc_), hidden_norm_, s.rms_norm_eps);
+  at::Tensor c = rms(at::linear(features.to(drafter_.dtype()), fc_), hidden_norm_, s.rms_norm_eps);
   for (size_t l = 0; l < layers_.size(); ++l) {
     const Layer& L = layers_[l];
     at::Tensor k = rms(at::linear(c, L.k).view({T, s.num_kv_heads, s.head_dim}), L.k_norm, s.rms_norm_eps);
@@ -111,7 +117,61 @@ void DFlashProposer::add_context(const at::Tensor& features, const std::vector<i
     k_[l].index_put_({rows_t, pos_t}, k);
     v_[l].index_put_({rows_t, pos_t}, v);
   }
-  for (int64_t b = 0; b < rows; ++b) len_[b] += offsets[b + 1] - offsets[b];
+}
+
+void DFlashProposer::add_context_rows(const at::Tensor& features, const at::Tensor& start) {
+  c10::InferenceMode guard;
+  const auto& s = drafter_.spec();
+  const int64_t rows = int64_t(len_.size()), n = features.size(1);
+  DFLASH_CHECK(features.dim() == 3 && features.size(0) == rows && features.size(2) == s.num_features() * s.hidden_size,
+               "add_context_rows: features must be [{}, n, {}]", rows, s.num_features() * s.hidden_size);
+  at::Tensor pos = (start.view({rows, 1}) + at::arange(n, start.options()).view({1, n})).reshape({rows * n});
+  at::Tensor row_of = at::arange(rows, start.options()).repeat_interleave(n);
+  write_context(features.reshape({rows * n, features.size(2)}), row_of, pos);
+}
+
+at::Tensor DFlashProposer::block_tokens(const at::Tensor& ids_t, const at::Tensor& pos_t, const at::Tensor& mask,
+                                        const std::function<std::pair<at::Tensor, at::Tensor>(size_t)>& context) {
+  const auto& s = drafter_.spec();
+  const int64_t A = ids_t.size(0), bs = ids_t.size(1), H = s.hidden_size, hq = s.num_heads, hkv = s.num_kv_heads;
+  const int64_t d = s.head_dim, g = hq / hkv;
+  at::Tensor x = at::embedding(target_.embed_tokens(), ids_t);  // [A, bs, H]
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const Layer& L = layers_[l];
+    at::Tensor h = rms(x, L.in_norm, s.rms_norm_eps);
+    at::Tensor q = rope(rms(at::linear(h, L.q).view({A, bs, hq, d}), L.q_norm, s.rms_norm_eps), pos_t, inv_freq_);
+    at::Tensor kb = rope(rms(at::linear(h, L.k).view({A, bs, hkv, d}), L.k_norm, s.rms_norm_eps), pos_t, inv_freq_);
+    at::Tensor vb = at::linear(h, L.v).view({A, bs, hkv, d});
+    auto [kc, vc] = context(l);
+    at::Tensor k = at::cat({kc, kb}, 1).transpose(1, 2);  // [A, hkv, ctx + bs, d]; block k/v not stored
+    at::Tensor v = at::cat({vc, vb}, 1).transpose(1, 2);
+    // GQA folded into the query axis: kv head i serves q heads i*g .. i*g+g-1.
+    at::Tensor qf = q.view({A, bs, hkv, g, d}).permute({0, 2, 3, 1, 4}).reshape({A, hkv, g * bs, d});
+    at::Tensor o = at::scaled_dot_product_attention(qf, k, v, mask, 0.0, /*is_causal=*/false, 1.0 / std::sqrt(double(d)));
+    o = o.view({A, hkv, g, bs, d}).permute({0, 3, 1, 2, 4}).reshape({A, bs, hq * d});
+    x = x + at::linear(o, L.o);
+    at::Tensor h2 = rms(x, L.post_norm, s.rms_norm_eps);
+    x = x + at::linear(at::silu(at::linear(h2, L.gate)) * at::linear(h2, L.up), L.down);
+  }
+  at::Tensor hf = rms(x.narrow(1, 1, bs - 1), norm_, s.rms_norm_eps).reshape({A * (bs - 1), H});
+  return at::mm(hf, target_.lm_head().t()).argmax(-1).view({A, bs - 1});
+}
+
+at::Tensor DFlashProposer::propose_rows(const at::Tensor& last, const at::Tensor& start, int64_t window, int64_t bs) {
+  c10::InferenceMode guard;
+  const auto& s = drafter_.spec();
+  const int64_t A = int64_t(len_.size()), g = s.num_heads / s.num_kv_heads;
+  DFLASH_CHECK(bs >= 2 && bs <= s.block_size, "propose: block size {} outside [2, {}]", bs, s.block_size);
+  DFLASH_CHECK(window >= 0 && window <= capacity_, "propose: window {} outside [0, {}]", window, capacity_);
+  at::Tensor ids = at::full({A, bs}, s.mask_token_id, last.options());
+  ids.select(1, 0).copy_(last);
+  at::Tensor pos = start.view({A, 1}) + at::arange(bs, start.options()).view({1, bs});
+  at::Tensor ctx_vis = at::arange(window, start.options()).view({1, window}) < start.view({A, 1});
+  at::Tensor mask = at::cat({ctx_vis, at::ones({A, bs}, ctx_vis.options())}, 1);  // [A, window + bs]
+  mask = mask.view({A, 1, 1, window + bs}).expand({A, 1, g * bs, window + bs});
+  return block_tokens(ids, pos, mask, [&](size_t l) {
+    return std::pair{k_[l].narrow(1, 0, window), v_[l].narrow(1, 0, window)};
+  });
 }
 
 std::vector<std::vector<int64_t>> DFlashProposer::propose(const std::vector<int64_t>& rows,
@@ -119,8 +179,7 @@ std::vector<std::vector<int64_t>> DFlashProposer::propose(const std::vector<int6
                                                           const std::vector<int64_t>& start, int64_t bs) {
   c10::InferenceMode guard;
   const auto& s = drafter_.spec();
-  const int64_t A = int64_t(rows.size()), H = s.hidden_size, hq = s.num_heads, hkv = s.num_kv_heads;
-  const int64_t d = s.head_dim, g = hq / hkv;
+  const int64_t A = int64_t(rows.size()), g = s.num_heads / s.num_kv_heads;
   if (A == 0) return {};
   DFLASH_CHECK(bs >= 2 && bs <= s.block_size, "propose: block size {} outside [2, {}]", bs, s.block_size);
   int64_t ctx = 0;
@@ -145,28 +204,11 @@ std::vector<std::vector<int64_t>> DFlashProposer::propose(const std::vector<int6
   at::Tensor mask = at::cat({ctx_vis, at::ones({A, bs}, ctx_vis.options())}, 1);  // [A, ctx + bs]
   mask = mask.view({A, 1, 1, ctx + bs}).expand({A, 1, g * bs, ctx + bs});
   const bool all_rows = A == int64_t(len_.size());
-
-  at::Tensor x = at::embedding(target_.embed_tokens(), ids_t);  // [A, bs, H]
-  for (size_t l = 0; l < layers_.size(); ++l) {
-    const Layer& L = layers_[l];
-    at::Tensor h = rms(x, L.in_norm, s.rms_norm_eps);
-    at::Tensor q = rope(rms(at::linear(h, L.q).view({A, bs, hq, d}), L.q_norm, s.rms_norm_eps), pos_t, inv_freq_);
-    at::Tensor kb = rope(rms(at::linear(h, L.k).view({A, bs, hkv, d}), L.k_norm, s.rms_norm_eps), pos_t, inv_freq_);
-    at::Tensor vb = at::linear(h, L.v).view({A, bs, hkv, d});
-    at::Tensor kc = k_[l].narrow(1, 0, ctx), vc = v_[l].narrow(1, 0, ctx);
-    if (!all_rows) kc = kc.index_select(0, rows_t), vc = vc.index_select(0, rows_t);
-    at::Tensor k = at::cat({kc, kb}, 1).transpose(1, 2);  // [A, hkv, ctx + bs, d]; block k/v not stored
-    at::Tensor v = at::cat({vc, vb}, 1).transpose(1, 2);
-    // GQA folded into the query axis: kv head i serves q heads i*g .. i*g+g-1.
-    at::Tensor qf = q.view({A, bs, hkv, g, d}).permute({0, 2, 3, 1, 4}).reshape({A, hkv, g * bs, d});
-    at::Tensor o = at::scaled_dot_product_attention(qf, k, v, mask, 0.0, /*is_causal=*/false, 1.0 / std::sqrt(double(d)));
-    o = o.view({A, hkv, g, bs, d}).permute({0, 3, 1, 2, 4}).reshape({A, bs, hq * d});
-    x = x + at::linear(o, L.o);
-    at::Tensor h2 = rms(x, L.post_norm, s.rms_norm_eps);
-    x = x + at::linear(at::silu(at::linear(h2, L.gate)) * at::linear(h2, L.up), L.down);
-  }
-  at::Tensor hf = rms(x.narrow(1, 1, bs - 1), norm_, s.rms_norm_eps).reshape({A * (bs - 1), H});
-  at::Tensor tok = at::mm(hf, target_.lm_head().t()).argmax(-1).to(at::kCPU);
+  at::Tensor tok = block_tokens(ids_t, pos_t, mask, [&](size_t l) {
+                     at::Tensor kc = k_[l].narrow(1, 0, ctx), vc = v_[l].narrow(1, 0, ctx);
+                     if (!all_rows) kc = kc.index_select(0, rows_t), vc = vc.index_select(0, rows_t);
+                     return std::pair{kc, vc};
+                   }).to(at::kCPU).contiguous();
   std::vector<std::vector<int64_t>> out(A);
   const int64_t* t = tok.data_ptr<int64_t>();
   for (int64_t j = 0; j < A; ++j) out[j].assign(t + j * (bs - 1), t + (j + 1) * (bs - 1));

@@ -25,6 +25,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -65,6 +67,16 @@ class DFlashProposer : public DraftProposer {
   std::vector<int64_t> capture_ids() const override { return drafter_.spec().target_layer_ids; }
   int64_t max_block_size() const override { return drafter_.spec().block_size; }
 
+  // Fixed-shape forms for a decoder that keeps its lengths on the device (speculative_fixed.h);
+  // they neither read nor change the host lengths() (the caller tracks the context length).
+  // add_context_rows: features [rows, n, K * H] of positions start[b] .. start[b] + n - 1 of
+  // every row (start [rows] int64 on the device; start + n <= capacity) into the draft cache.
+  void add_context_rows(const at::Tensor& features, const at::Tensor& start);
+  // propose_rows: for every row the block [last[b], MASK x (bs - 1)] at positions start[b] ..,
+  // attending context slots [0, start[b]) (window: a host bound >= every start, <= capacity)
+  // -> the proposed tokens [rows, bs - 1] int64 on the device. No host reads.
+  at::Tensor propose_rows(const at::Tensor& last, const at::Tensor& start, int64_t window, int64_t bs);
+
   // Inspection (tests): context positions held per row, and layer l's cached keys/values
   // [rows, capacity, nkv, head_dim] (RoPE applied to keys).
   const std::vector<int64_t>& lengths() const { return len_; }
@@ -77,6 +89,12 @@ class DFlashProposer : public DraftProposer {
   struct Layer {
     at::Tensor in_norm, post_norm, q, k, v, o, q_norm, k_norm, gate, up, down;
   };
+  // Context K/V of features [T, K * H] at positions pos [T] into rows row_of [T] (device).
+  void write_context(const at::Tensor& features, const at::Tensor& row_of, const at::Tensor& pos);
+  // The block forward: ids, pos [A, bs] (device), mask [A, 1, g * bs, ctx + bs], context K/V of
+  // layer l [A, ctx, nkv, d] from `context(l)` -> argmax tokens of offsets 1 .. bs - 1 [A, bs - 1].
+  at::Tensor block_tokens(const at::Tensor& ids, const at::Tensor& pos, const at::Tensor& mask,
+                          const std::function<std::pair<at::Tensor, at::Tensor>(size_t)>& context);
   const model::Drafter& drafter_;
   const model::TargetModel& target_;
   at::Tensor fc_, hidden_norm_, norm_, inv_freq_;

@@ -19,6 +19,8 @@
 #include "core/files.h"
 #include "core/json.h"
 #include "core/log.h"
+#include "core/parse.h"
+#include "trainer/eval/speculative_fixed.h"
 #include "trainer/model/export.h"
 #include "trainer/model/hf_config.h"
 
@@ -90,10 +92,28 @@ EvalReport evaluate(const model::TargetModel& target, DraftProposer& proposer, c
   opt.temperature = st.temperature;
   opt.seed = st.seed;
   opt.stop_ids = st.stop_ids;
+  static const bool want_fixed = env_choice(kEvalEngineEnv, "cache", {"cache", "fixed"}) == "fixed";
+  auto* dflash = dynamic_cast<DFlashProposer*>(&proposer);
+  const bool fixed = want_fixed && dflash && FixedSpeculativeDecoder::supports(target, opt);
+  if (want_fixed && !fixed)
+    log::info("eval: {}=fixed serves greedy decoding of dense targets with the DFlash drafter; this one runs on "
+              "the cache engine", kEvalEngineEnv);
+  r.engine = fixed ? "fixed" : "cache";
+  auto speculate = [&](const std::vector<std::vector<int64_t>>& batch, const std::vector<int64_t>& ids,
+                       const DecodeOptions& o) {
+    if (fixed) {
+      FixedSpeculativeDecoder dec(target, *dflash, batch, o);
+      dec.run();
+      return dec.results();
+    }
+    SpeculativeDecoder dec(target, proposer, batch, ids, o);
+    dec.run();
+    return dec.results();
+  };
   if (st.warmup && N > 0) {  // untimed: first-call costs (allocator, BLAS/cuBLAS handles) out of the timings
     DecodeOptions w = opt;
     w.max_new_tokens = std::min<int64_t>(opt.max_new_tokens, 2 * bs);
-    SpeculativeDecoder(target, proposer, {prompts[0].ids}, {0}, w).run();
+    speculate({prompts[0].ids}, {0}, w);
     if (st.baseline) plain_decode(target, {prompts[0].ids}, {0}, w);
     device::sync(target.device());
   }
@@ -106,11 +126,10 @@ EvalReport evaluate(const model::TargetModel& target, DraftProposer& proposer, c
     std::vector<int64_t> ids;
     for (int64_t i = b0; i < b0 + n; ++i) batch.push_back(prompts[i].ids), ids.push_back(i);
     double t0 = now_s();
-    SpeculativeDecoder dec(target, proposer, batch, ids, opt);
-    dec.run();
+    const std::vector<RowResult> res = speculate(batch, ids, opt);
     device::sync(target.device());
     r.spec_wall_s += now_s() - t0;
-    for (int64_t j = 0; j < n; ++j) r.prompts[b0 + j].spec = dec.results()[j];
+    for (int64_t j = 0; j < n; ++j) r.prompts[b0 + j].spec = res[j];
     if (st.baseline) {
       t0 = now_s();
       auto base = plain_decode(target, batch, ids, opt);
@@ -135,6 +154,7 @@ EvalReport evaluate(const model::TargetModel& target, DraftProposer& proposer, c
 std::string EvalReport::to_json(const std::string& extra) const {
   const auto& s = settings;
   std::string j = "{\n  " + extra;
+  j += fmt::format("\"engine\": {}, ", json::quote(engine));
   j += fmt::format("\"num_prompts\": {}, \"block_size\": {}, \"max_new_tokens\": {}, \"batch_size\": {}, "
                    "\"temperature\": {}, \"seed\": {}, \"stop_token_ids\": {},\n",
                    prompts.size(), s.block_size, s.max_new_tokens, s.batch_size, num(s.temperature), s.seed,
@@ -173,11 +193,11 @@ std::vector<std::string> EvalReport::summary_lines() const {
   std::vector<std::string> v;
   std::string rates;
   for (size_t k = 0; k < accept_rate.size(); ++k) rates += fmt::format("{}{:.2f}", k ? " " : "", accept_rate[k]);
-  v.push_back(fmt::format("eval: {} prompts x <= {} new tokens, block {}, {}: tau {:.3f} over {} steps; target "
-                          "forwards per token {:.3f}",
+  v.push_back(fmt::format("eval: {} prompts x <= {} new tokens, block {}, {}, {} engine: tau {:.3f} over {} steps; "
+                          "target forwards per token {:.3f}",
                           prompts.size(), s.max_new_tokens, s.block_size,
                           s.temperature > 0 ? fmt::format("temperature {}", s.temperature) : std::string("greedy"),
-                          tau, steps, spec_tokens ? double(spec_forwards) / double(spec_tokens) : 0.0));
+                          engine, tau, steps, spec_tokens ? double(spec_forwards) / double(spec_tokens) : 0.0));
   v.push_back(fmt::format("eval: accepted drafts histogram (0..{}) [{}]; acceptance per block position 1..{} [{}]",
                           s.block_size - 1, fmt::join(histogram, " "), s.block_size - 1, rates));
   if (s.baseline)

@@ -43,8 +43,14 @@ struct PromptReport {
   bool equal = false;                    // spec.tokens == baseline_tokens
 };
 
+// Environment knob: the engine of the speculative pass. "cache" (default): SpeculativeDecoder on
+// TargetCache; "fixed": FixedSpeculativeDecoder (speculative_fixed.h) where it serves (greedy,
+// dense target, the DFlash proposer), else the cache engine. Read once per process.
+constexpr const char* kEvalEngineEnv = "DFLASH_EVAL_ENGINE";
+
 struct EvalReport {
   EvalSettings settings;
+  std::string engine = "cache";  // the speculative pass's engine: "cache" or "fixed"
   std::vector<PromptReport> prompts;
   // Aggregates (docs/eval.md defines each).
   int64_t steps = 0;                        // speculative steps over all prompts

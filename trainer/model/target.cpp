@@ -364,14 +364,23 @@ TargetModel::Output TargetModel::forward_with(const at::Tensor& ids_in, const at
 
 at::Tensor TargetModel::decode_logits(const at::Tensor& ids, const at::Tensor& positions,
                                       const Attention& attend) const {
+  return decode_with(ids, positions, attend, {}).logits;
+}
+
+TargetModel::Output TargetModel::decode_with(const at::Tensor& ids, const at::Tensor& positions,
+                                             const Attention& attend, const std::vector<int64_t>& layer_ids) const {
   if (hybrid_) throw std::logic_error("decode_logits: dense families only");
   if (!lm_head_.defined()) throw_user("target forward: the model was loaded without lm_head");
+  check_capture_layer_ids(layer_ids, num_layers_loaded());
   Pass pass;
   pass.ids = ids;
   std::tie(pass.cos, pass.sin) = ops::rope_cos_sin(positions, inv_freq_);
   pass.attend = &attend;
+  Output out;
+  out.captured = pass.capture_into(layer_ids, cfg_.hidden_size, at::TensorOptions().dtype(dtype_).device(device_));
   pass.run_layers = num_layers_loaded();
-  return final_logits(run_layers(pass));
+  out.logits = final_logits(run_layers(pass));
+  return out;
 }
 
 std::vector<std::vector<int64_t>> TargetModel::generate(

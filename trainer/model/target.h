@@ -90,6 +90,10 @@ class TargetModel {
   // [T, vocab] float32. No host reads (no id check, no sync), so the step can be captured in a
   // CUDA graph (trainer/eval/regenerate_static.cpp). Dense families only.
   at::Tensor decode_logits(const at::Tensor& ids, const at::Tensor& positions, const Attention& attend) const;
+  // The same with the outputs of decoder layers `layer_ids` (validated) captured for every token:
+  // logits [T, vocab] float32 and captured [T, K * H]. Dense families only.
+  Output decode_with(const at::Tensor& ids, const at::Tensor& positions, const Attention& attend,
+                     const std::vector<int64_t>& layer_ids) const;
   // The qwen3_moe / qwen3_5 implementation, or nullptr for the dense families.
   const HybridTarget* hybrid() const { return hybrid_.get(); }
 

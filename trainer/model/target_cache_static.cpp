@@ -35,6 +35,12 @@ StaticKVCache::StaticKVCache(const TargetModel& model, int64_t rows, int64_t cap
 
 at::Tensor StaticKVCache::prefill(const std::vector<int64_t>& which,
                                   const std::vector<std::vector<int64_t>>& prompts) {
+  return prefill_capture(which, prompts, {}).logits;
+}
+
+TargetModel::Output StaticKVCache::prefill_capture(const std::vector<int64_t>& which,
+                                                   const std::vector<std::vector<int64_t>>& prompts,
+                                                   const std::vector<int64_t>& layer_ids) {
   c10::InferenceMode guard;
   DFLASH_CHECK(which.size() == prompts.size() && !which.empty(), "static cache: {} rows for {} prompts",
                which.size(), prompts.size());
@@ -66,10 +72,10 @@ at::Tensor StaticKVCache::prefill(const std::vector<int64_t>& which,
     v_[l].index_put_({rows_t, slot_t}, v);
     return ops::varlen_causal_attention(q, k, v, cu, cu_dev, n_max, scale);
   };
-  TargetModel::Output out = model_.forward_with(at::tensor(flat, at::kLong), at::tensor(slot, at::kLong), {},
+  TargetModel::Output out = model_.forward_with(at::tensor(flat, at::kLong), at::tensor(slot, at::kLong), layer_ids,
                                                 attend, at::tensor(last, at::kLong));
   len_.index_put_({on_dev(which)}, on_dev(lens));
-  return out.logits;
+  return out;
 }
 
 at::Tensor StaticKVCache::step(const at::Tensor& ids, int64_t window) {
@@ -93,6 +99,32 @@ at::Tensor StaticKVCache::step(const at::Tensor& ids, int64_t window) {
     return o.reshape({B, nq, hd});
   };
   return model_.decode_logits(ids, len_, attend);
+}
+
+TargetModel::Output StaticKVCache::verify(const at::Tensor& ids, int64_t window, const std::vector<int64_t>& layer_ids) {
+  c10::InferenceMode guard;
+  DFLASH_CHECK(ids.dim() == 2 && ids.size(0) == rows_, "static cache: verify ids must be [rows, n]");
+  DFLASH_CHECK(window >= 1 && window <= capacity_, "static cache: window {} outside [1, {}]", window, capacity_);
+  const HfConfig& c = model_.config();
+  const int64_t B = rows_, n = ids.size(1), nq = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim;
+  const int64_t g = nq / nkv;
+  const double scale = 1.0 / std::sqrt(double(hd));
+  // Token i of row b: position length(b) + i, flat slot b * capacity + length(b) + i; it sees
+  // slots j <= length(b) + i.
+  at::Tensor pos = len_.view({B, 1}) + at::arange(n, len_.options()).view({1, n});  // [B, n]
+  at::Tensor flat_slot = (row_ids_.view({B, 1}) * capacity_ + pos).reshape({B * n});
+  at::Tensor vis = at::arange(window, len_.options()).view({1, 1, window}) <= pos.view({B, n, 1});  // [B, n, window]
+  // GQA folded into the query axis as (kv head, q head in group, token): the mask repeats per group.
+  at::Tensor mask = vis.unsqueeze(1).expand({B, g, n, window}).reshape({B, 1, g * n, window});
+  TargetModel::Attention attend = [&](int64_t l, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+    k_[l].view({B * capacity_, nkv * hd}).index_copy_(0, flat_slot, k.reshape({B * n, nkv * hd}));
+    v_[l].view({B * capacity_, nkv * hd}).index_copy_(0, flat_slot, v.reshape({B * n, nkv * hd}));
+    at::Tensor ck = k_[l].narrow(1, 0, window).transpose(1, 2), cv = v_[l].narrow(1, 0, window).transpose(1, 2);
+    at::Tensor qf = q.reshape({B, n, nkv, g, hd}).permute({0, 2, 3, 1, 4}).reshape({B, nkv, g * n, hd});
+    at::Tensor o = at::scaled_dot_product_attention(qf, ck, cv, mask, 0.0, /*is_causal=*/false, scale);
+    return o.view({B, nkv, g, n, hd}).permute({0, 3, 1, 2, 4}).reshape({B * n, nq, hd});
+  };
+  return model_.decode_with(ids.reshape({B * n}), pos.reshape({B * n}), attend, layer_ids);
 }
 
 }  // namespace dflash::model

@@ -36,12 +36,26 @@ class StaticKVCache {
   // [0, n), lengths set to n. Packed causal attention over the prompts only. Returns the
   // logits of each prompt's last token [which.size(), vocab] float32 (on the device).
   at::Tensor prefill(const std::vector<int64_t>& which, const std::vector<std::vector<int64_t>>& prompts);
+  // The same, also capturing the outputs of decoder layers `layer_ids` for every prompt token:
+  // logits of each prompt's last token and captured [sum of lengths, K * H] (prompts packed in
+  // order).
+  TargetModel::Output prefill_capture(const std::vector<int64_t>& which,
+                                      const std::vector<std::vector<int64_t>>& prompts,
+                                      const std::vector<int64_t>& layer_ids);
 
   // One token per row: ids [rows] int64 on the device (trusted: the model's own samples), at
   // positions lengths(); writes K/V at (b, length(b)); attends slots [0, window) masked to
   // <= length(b). Lengths are not changed. window must exceed every length (the caller's bound)
   // and be <= capacity. -> logits [rows, vocab] float32. No host reads.
   at::Tensor step(const at::Tensor& ids, int64_t window);
+
+  // n tokens per row (a speculative verify block): ids [rows, n] int64 on the device (trusted)
+  // at positions length(b) .. length(b) + n - 1; writes their K/V there; token i of row b attends
+  // slots [0, window) masked to <= length(b) + i (causal within the block). Lengths are not
+  // changed. window must exceed every length + n - 1 and be <= capacity. -> logits
+  // [rows * n, vocab] float32 and the outputs of layers `layer_ids` [rows * n, K * H]. No host
+  // reads.
+  TargetModel::Output verify(const at::Tensor& ids, int64_t window, const std::vector<int64_t>& layer_ids);
 
   at::Tensor& lengths() { return len_; }
   int64_t rows() const { return rows_; }
