@@ -126,7 +126,7 @@ void DFlashProposer::add_context_rows(const at::Tensor& features, const at::Tens
   DFLASH_CHECK(features.dim() == 3 && features.size(0) == rows && features.size(2) == s.num_features() * s.hidden_size,
                "add_context_rows: features must be [{}, n, {}]", rows, s.num_features() * s.hidden_size);
   at::Tensor pos = (start.view({rows, 1}) + at::arange(n, start.options()).view({1, n})).reshape({rows * n});
-  at::Tensor row_of = at::arange(rows, start.options()).repeat_interleave(n);
+  at::Tensor row_of = at::arange(rows, start.options()).view({rows, 1}).expand({rows, n}).reshape({rows * n});
   write_context(features.reshape({rows * n, features.size(2)}), row_of, pos);
 }
 

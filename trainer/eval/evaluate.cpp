@@ -104,6 +104,7 @@ EvalReport evaluate(const model::TargetModel& target, DraftProposer& proposer, c
     if (fixed) {
       FixedSpeculativeDecoder dec(target, *dflash, batch, o);
       dec.run();
+      r.graphs += dec.graphs();
       return dec.results();
     }
     SpeculativeDecoder dec(target, proposer, batch, ids, o);
@@ -154,7 +155,7 @@ EvalReport evaluate(const model::TargetModel& target, DraftProposer& proposer, c
 std::string EvalReport::to_json(const std::string& extra) const {
   const auto& s = settings;
   std::string j = "{\n  " + extra;
-  j += fmt::format("\"engine\": {}, ", json::quote(engine));
+  j += fmt::format("\"engine\": {}, \"cuda_graphs\": {}, ", json::quote(engine), graphs);
   j += fmt::format("\"num_prompts\": {}, \"block_size\": {}, \"max_new_tokens\": {}, \"batch_size\": {}, "
                    "\"temperature\": {}, \"seed\": {}, \"stop_token_ids\": {},\n",
                    prompts.size(), s.block_size, s.max_new_tokens, s.batch_size, num(s.temperature), s.seed,
@@ -193,11 +194,12 @@ std::vector<std::string> EvalReport::summary_lines() const {
   std::vector<std::string> v;
   std::string rates;
   for (size_t k = 0; k < accept_rate.size(); ++k) rates += fmt::format("{}{:.2f}", k ? " " : "", accept_rate[k]);
-  v.push_back(fmt::format("eval: {} prompts x <= {} new tokens, block {}, {}, {} engine: tau {:.3f} over {} steps; "
+  v.push_back(fmt::format("eval: {} prompts x <= {} new tokens, block {}, {}, {}: tau {:.3f} over {} steps; "
                           "target forwards per token {:.3f}",
                           prompts.size(), s.max_new_tokens, s.block_size,
                           s.temperature > 0 ? fmt::format("temperature {}", s.temperature) : std::string("greedy"),
-                          engine, tau, steps, spec_tokens ? double(spec_forwards) / double(spec_tokens) : 0.0));
+                          engine == "fixed" && graphs ? fmt::format("fixed engine ({} CUDA graphs)", graphs) : engine + " engine",
+                          tau, steps, spec_tokens ? double(spec_forwards) / double(spec_tokens) : 0.0));
   v.push_back(fmt::format("eval: accepted drafts histogram (0..{}) [{}]; acceptance per block position 1..{} [{}]",
                           s.block_size - 1, fmt::join(histogram, " "), s.block_size - 1, rates));
   if (s.baseline)

@@ -51,6 +51,7 @@ constexpr const char* kEvalEngineEnv = "DFLASH_EVAL_ENGINE";
 struct EvalReport {
   EvalSettings settings;
   std::string engine = "cache";  // the speculative pass's engine: "cache" or "fixed"
+  int64_t graphs = 0;            // CUDA graphs the fixed engine captured (all batches)
   std::vector<PromptReport> prompts;
   // Aggregates (docs/eval.md defines each).
   int64_t steps = 0;                        // speculative steps over all prompts

@@ -1,7 +1,7 @@
 // DFlash speculative decoding with fixed shapes (greedy, dense targets): the loop of
 // speculative.h with every row's state on the device, so that a step issues the same kernels on
-// the same shapes each time and reads nothing from the host but one pair of numbers (are all
-// rows done, the longest row) to size the next step's attention window.
+// the same shapes each time (a CUDA graph per attention window on CUDA) and reads nothing from the
+// host but one pair of numbers (are all rows done, the longest row) to size the next window.
 //
 // A step, for all rows at once (rows that are done still run and change nothing):
 //   1. draft: the proposer's block forward over [last[b], MASK x (bs - 1)] at start[b] ..
@@ -40,7 +40,14 @@ class FixedSpeculativeDecoder {
   // Decodes every row to its end.
   void run();
   const std::vector<RowResult>& results() const { return res_; }
-  int64_t steps() const { return steps_; }  // fixed-shape steps run (all rows)
+  int64_t steps() const { return steps_; }    // fixed-shape steps run (all rows)
+  int64_t graphs() const { return graphs_; }  // CUDA graphs captured (0 on CPU or with graphs off)
+
+  // The step as CUDA graphs, one per attention window (regenerate_graph.h): DFLASH_EVAL_GRAPHS
+  // (1, default; 0: eager). The window is a multiple of kWindowBucket above the longest row.
+  static constexpr const char* kFixedGraphsEnv = "DFLASH_EVAL_GRAPHS";
+  static constexpr int64_t kWindowBucket = 64;
+  static bool graphs_enabled();
 
   // Whether this decoder serves `target` with `opt` (greedy, dense).
   static bool supports(const model::TargetModel& target, const DecodeOptions& opt);
@@ -51,7 +58,7 @@ class FixedSpeculativeDecoder {
   std::vector<std::vector<int64_t>> prompts_;
   DecodeOptions opt_;
   std::vector<RowResult> res_;
-  int64_t steps_ = 0;
+  int64_t steps_ = 0, graphs_ = 0;
 };
 
 }  // namespace dflash::eval
