@@ -20,6 +20,7 @@
 #include "core/json.h"
 #include "core/log.h"
 #include "core/parse.h"
+#include "trainer/eval/regenerate.h"
 #include "trainer/eval/speculative_fixed.h"
 #include "trainer/model/export.h"
 #include "trainer/model/hf_config.h"
@@ -111,11 +112,32 @@ EvalReport evaluate(const model::TargetModel& target, DraftProposer& proposer, c
     dec.run();
     return dec.results();
   };
+  // The baseline on the same kind of engine: with the fixed engine, plain greedy decoding on the
+  // static cache (regenerate.h's static loop, CUDA graphs); else plain_decode on TargetCache.
+  auto plain = [&](const std::vector<std::vector<int64_t>>& batch, const std::vector<int64_t>& ids,
+                   const DecodeOptions& o) {
+    if (!fixed) return plain_decode(target, batch, ids, o);
+    std::vector<RegenItem> items(batch.size());
+    for (size_t j = 0; j < batch.size(); ++j) items[j].key = std::to_string(j), items[j].ids = batch[j];
+    RegenOptions ro;
+    ro.batch_size = int64_t(batch.size());
+    ro.max_new_tokens = o.max_new_tokens;
+    ro.stop_ids = o.stop_ids;
+    ro.progress_s = 0;
+    ro.engine = RegenOptions::Engine::Static;
+    std::vector<RowResult> res(batch.size());
+    regenerate(target, items, ro, [&](const RegenResult& g) {
+      RowResult& x = res[size_t(g.item - items.data())];
+      x.tokens = g.tokens;
+      x.target_forwards = int64_t(g.tokens.size());  // a prefill, then one step per further token
+    });
+    return res;
+  };
   if (st.warmup && N > 0) {  // untimed: first-call costs (allocator, BLAS/cuBLAS handles) out of the timings
     DecodeOptions w = opt;
     w.max_new_tokens = std::min<int64_t>(opt.max_new_tokens, 2 * bs);
     speculate({prompts[0].ids}, {0}, w);
-    if (st.baseline) plain_decode(target, {prompts[0].ids}, {0}, w);
+    if (st.baseline) plain({prompts[0].ids}, {0}, w);
     device::sync(target.device());
   }
   r.prompts.resize(N);
@@ -133,7 +155,7 @@ EvalReport evaluate(const model::TargetModel& target, DraftProposer& proposer, c
     for (int64_t j = 0; j < n; ++j) r.prompts[b0 + j].spec = res[j];
     if (st.baseline) {
       t0 = now_s();
-      auto base = plain_decode(target, batch, ids, opt);
+      auto base = plain(batch, ids, opt);
       device::sync(target.device());
       r.base_wall_s += now_s() - t0;
       for (int64_t j = 0; j < n; ++j) r.prompts[b0 + j].baseline_tokens = base[j].tokens, r.base_forwards += base[j].target_forwards;
