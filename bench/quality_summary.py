@@ -67,13 +67,14 @@ def main():
     if em and ef:
         same = sum(a.get("tokens") == b.get("tokens") and a.get("accepted") == b.get("accepted")
                    for a, b in zip(em.get("prompts", []), ef.get("prompts", [])))
-        cs, fs = (em.get("speculative") or {}), (ef.get("speculative") or {})
-        lines += ["", "## Engines of the speculative pass (the main drafter's eval)", "",
-                  "| engine | wall s | tokens/s | tau | prompts identical to the cache engine |", "|---|---|---|---|---|",
-                  f"| cache (TargetCache, the default) | {f(cs.get('wall_s'))} | {f(cs.get('tokens_per_s'), '.0f')} | {f(em.get('tau'))} | - |",
-                  f"| fixed (DFLASH_EVAL_ENGINE=fixed) | {f(fs.get('wall_s'))} | {f(fs.get('tokens_per_s'), '.0f')} | {f(ef.get('tau'))} | "
-                  f"{same}/{len(ef.get('prompts', []))} |",
-                  "", f"plain greedy decoding (cache engine) in the main eval: {f((em.get('baseline') or {}).get('tokens_per_s'), '.0f')} tok/s"]
+        lines += ["", "## Engines (the main drafter's eval, the same prompts)", "",
+                  "| engine | speculative s | tok/s | plain greedy s | tok/s | speedup | tau | prompts identical to the cache engine's |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for label, e, ident in [("cache (TargetCache, the default)", em, "-"),
+                                ("fixed (DFLASH_EVAL_ENGINE=fixed, CUDA graphs)", ef, f"{same}/{len(ef.get('prompts', []))}")]:
+            sp, bl = e.get("speculative") or {}, e.get("baseline") or {}
+            lines.append(f"| {label} | {f(sp.get('wall_s'))} | {f(sp.get('tokens_per_s'), '.0f')} | {f(bl.get('wall_s'))} | "
+                         f"{f(bl.get('tokens_per_s'), '.0f')} | {f(e.get('speedup'))}x | {f(e.get('tau'))} | {ident} |")
     print("\n".join(lines))
 
 

@@ -225,16 +225,16 @@ train_eval() {
       eval.device="$Q_DEVICE" eval.out="$S/eval_$name.json" 2>&1 | tee "$OUT/eval_$name.log" | grep -E "^eval: [^0-9]" | tail -4
   fi
   [ -f "$S/eval_$name.json" ] && cp "$S/eval_$name.json" "$OUT/eval_$name.json"
-  # The same speculative pass on the fixed-shape engine (DFLASH_EVAL_ENGINE=fixed,
-  # trainer/eval/speculative_fixed.h): its wall time beside the cache engine's; tokens must match.
+  # The same eval on the fixed-shape engine (DFLASH_EVAL_ENGINE=fixed, trainer/eval/speculative_fixed.h;
+  # its baseline: plain decoding on the static cache): wall times beside the cache engine's.
   if [ "$name" = main ] && [ "${Q_FIXED_ENGINE:-1}" = 1 ] && [ -f trainer/eval/speculative_fixed.h ] &&
      [ ! -f "$S/eval_${name}_fixed.json" ]; then
-    step "dflash_rank eval $name, fixed-shape engine (no baseline)" 120
+    step "dflash_rank eval $name, fixed-shape engine (baseline: plain decoding on the static cache)" 150
     [ "$T" -gt 0 ] || return 0
     # shellcheck disable=SC2086
     DFLASH_EVAL_ENGINE=fixed timeout "$T" "$RANK" eval "${train_cfg[@]}" run.dir="$dir" "$@" ${Q_OVERRIDES:-} \
       eval.drafter_dir="$dir/exports/final" eval.prompts="$S/eval_prompts.jsonl" eval.max_new_tokens="$Q_EVAL_MAX_NEW" \
-      eval.batch_size="$Q_EVAL_BATCH" eval.device="$Q_DEVICE" eval.baseline=false eval.out="$S/eval_${name}_fixed.json" 2>&1 |
+      eval.batch_size="$Q_EVAL_BATCH" eval.device="$Q_DEVICE" eval.out="$S/eval_${name}_fixed.json" 2>&1 |
       tee "$OUT/eval_${name}_fixed.log" | grep -E "^eval: [^0-9]" | tail -3
   fi
   [ -f "$S/eval_${name}_fixed.json" ] && cp "$S/eval_${name}_fixed.json" "$OUT/eval_${name}_fixed.json"
