@@ -13,7 +13,8 @@
 #      Tokens/s of a run = all training tokens / (training wall time + the final eval), the evals
 #      in between included (metrics.jsonl: tokens of an interval = drafter_tok_s x its seconds).
 #   3. eval:                64 prompts (128 tokens) x 256 new tokens, batch 16 and batch 64,
-#                           tau, wall time, speedup vs plain greedy, equal-output rate (bf16)
+#                           tau, wall time, speedup vs plain greedy, equal-output rate (bf16),
+#                           on each engine of DFLASH_EVAL_ENGINES (default "cache fixed")
 # Writes OUT_DIR/eval_summary.txt (commands and numbers), the eval JSON reports and metrics.
 #   bash bench/gpu/eval.sh BUILD_DIR OUT_DIR     (about 11 minutes; DFLASH_EVAL_STANDALONE=0: about 8)
 #   DFLASH_EVAL_STEPS (default 200), DFLASH_EVAL_EVERY (default 100): the pipeline runs' length and
@@ -132,13 +133,18 @@ PYEOF
 # at d5bc3b4, bench/RESULTS.md)
 [ "${DFLASH_EVAL_STANDALONE:-1}" = 0 ] && exit "$rc"
 [ -d "$WORK/run_off/exports/final" ] || { echo "no drafter export from the eval-off run" | tee -a "$SUMMARY"; exit 1; }
+# Both engines of docs/eval.md "Engines" (DFLASH_EVAL_ENGINES, default "cache fixed"): the same
+# prompts and drafter; each engine's speedup is against plain decoding on the same engine.
+for engine in ${DFLASH_EVAL_ENGINES:-cache fixed}; do
 for bs in 16 64; do
   cmd=("$BUILD/trainer/dflash_rank" eval --config configs/debug-2gpu.yaml target.model_dir="$WORK/qwen3-8b"
        eval.drafter_dir="$WORK/run_off/exports/final" "eval.prompts=$WORK/prompts64.jsonl" eval.max_new_tokens=256
-       "eval.batch_size=$bs" eval.device=cuda:0 eval.out="$OUT/eval_b$bs.json" run.dir="$WORK/eval_b$bs")
-  echo "eval batch $bs: ${cmd[*]}" | tee -a "$SUMMARY"
-  timeout 1500 "${cmd[@]}" 2>&1 | tee "$OUT/eval_b$bs.log" | grep -E "eval|error"; r=${PIPESTATUS[0]}
+       "eval.batch_size=$bs" eval.device=cuda:0 eval.out="$OUT/eval_${engine}_b$bs.json" run.dir="$WORK/eval_b$bs")
+  echo "eval, $engine engine, batch $bs: DFLASH_EVAL_ENGINE=$engine ${cmd[*]}" | tee -a "$SUMMARY"
+  DFLASH_EVAL_ENGINE=$engine timeout 1500 "${cmd[@]}" 2>&1 | tee "$OUT/eval_${engine}_b$bs.log" | grep -E "eval|error"
+  r=${PIPESTATUS[0]}
   echo "exit: $r" | tee -a "$SUMMARY"; [ "$r" -ne 0 ] && rc=$r
-  grep -E "eval: (64 prompts|accepted|speculative)" "$OUT/eval_b$bs.log" | tee -a "$SUMMARY"
+  grep -E "eval: (64 prompts|accepted|speculative)" "$OUT/eval_${engine}_b$bs.log" | tee -a "$SUMMARY"
+done
 done
 exit "$rc"
