@@ -33,13 +33,13 @@ int64_t parse_int(const std::string& text, const std::string& what) {
   return v[0];
 }
 
-std::string env_choice(const char* name, const char* fallback, std::initializer_list<const char*> choices) {
+std::string env_choice(const char* name, const char* fallback, const std::vector<std::string>& choices) {
   const char* e = std::getenv(name);
   std::string v = e ? e : fallback, list;
   size_t i = 0;
-  for (const char* c : choices) {
+  for (const std::string& c : choices) {
     if (v == c) return v;
-    list += (i == 0 ? "" : (i + 1 == choices.size() ? " or " : ", ")) + std::string(c);
+    list += (i == 0 ? "" : (i + 1 == choices.size() ? " or " : ", ")) + c;
     ++i;
   }
   throw_user("{}={}: expected {}", name, v, list);

@@ -6,7 +6,6 @@
 #pragma once
 
 #include <cstdint>
-#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -21,6 +20,6 @@ int64_t parse_int(const std::string& text, const std::string& what);
 
 // The environment variable `name`, or `fallback` when unset; a value not in `choices` throws
 // UserError "<name>=<value>: expected a, b or c".
-std::string env_choice(const char* name, const char* fallback, std::initializer_list<const char*> choices);
+std::string env_choice(const char* name, const char* fallback, const std::vector<std::string>& choices);
 
 }  // namespace dflash

@@ -158,6 +158,7 @@ def test_training_estimate_tracks_served_tau_on_the_training_prompts(assets, tmp
     assert [p["tokens"] for p in rep["prompts"]] == responses  # the served contexts are the training ones
     last = [json.loads(x) for x in open(a["root"] / "run" / "metrics.jsonl")][-1]
     served, est, block_mean = rep["tau"], last["tau_est"], last["tau_est_block_mean"]
+    print(f"training prompts: tau_est {est:.3f}, tau_est_block_mean {block_mean:.3f}, served tau {served:.3f}")
     assert served > 1.1, "the drafter accepts (almost) nothing: the comparison would be weak"
     assert abs(est / served - 1) < 0.15, (est, served, block_mean)
     assert block_mean / served > 1.3, (est, served, block_mean)  # the case tells the two apart

@@ -157,19 +157,25 @@ at::Tensor DFlashProposer::block_tokens(const at::Tensor& ids_t, const at::Tenso
   return at::mm(hf, target_.lm_head().t()).argmax(-1).view({A, bs - 1});
 }
 
-at::Tensor DFlashProposer::propose_rows(const at::Tensor& last, const at::Tensor& start, int64_t window, int64_t bs) {
-  c10::InferenceMode guard;
+at::Tensor DFlashProposer::propose_block(const at::Tensor& last, const at::Tensor& start, int64_t ctx, int64_t bs,
+                                         const std::function<std::pair<at::Tensor, at::Tensor>(size_t)>& context) {
   const auto& s = drafter_.spec();
-  const int64_t A = int64_t(len_.size()), g = s.num_heads / s.num_kv_heads;
+  const int64_t A = last.size(0), g = s.num_heads / s.num_kv_heads;
   DFLASH_CHECK(bs >= 2 && bs <= s.block_size, "propose: block size {} outside [2, {}]", bs, s.block_size);
-  DFLASH_CHECK(window >= 0 && window <= capacity_, "propose: window {} outside [0, {}]", window, capacity_);
   at::Tensor ids = at::full({A, bs}, s.mask_token_id, last.options());
   ids.select(1, 0).copy_(last);
   at::Tensor pos = start.view({A, 1}) + at::arange(bs, start.options()).view({1, bs});
-  at::Tensor ctx_vis = at::arange(window, start.options()).view({1, window}) < start.view({A, 1});
-  at::Tensor mask = at::cat({ctx_vis, at::ones({A, bs}, ctx_vis.options())}, 1);  // [A, window + bs]
-  mask = mask.view({A, 1, 1, window + bs}).expand({A, 1, g * bs, window + bs});
-  return block_tokens(ids, pos, mask, [&](size_t l) {
+  // Visible keys of row j: context slots [0, start_j), then the whole block (non-causal).
+  at::Tensor ctx_vis = at::arange(ctx, start.options()).view({1, ctx}) < start.view({A, 1});
+  at::Tensor mask = at::cat({ctx_vis, at::ones({A, bs}, ctx_vis.options())}, 1);  // [A, ctx + bs]
+  mask = mask.view({A, 1, 1, ctx + bs}).expand({A, 1, g * bs, ctx + bs});
+  return block_tokens(ids, pos, mask, context);
+}
+
+at::Tensor DFlashProposer::propose_rows(const at::Tensor& last, const at::Tensor& start, int64_t window, int64_t bs) {
+  c10::InferenceMode guard;
+  DFLASH_CHECK(window >= 0 && window <= capacity_, "propose: window {} outside [0, {}]", window, capacity_);
+  return propose_block(last, start, window, bs, [&](size_t l) {
     return std::pair{k_[l].narrow(1, 0, window), v_[l].narrow(1, 0, window)};
   });
 }
@@ -178,10 +184,8 @@ std::vector<std::vector<int64_t>> DFlashProposer::propose(const std::vector<int6
                                                           const std::vector<int64_t>& last,
                                                           const std::vector<int64_t>& start, int64_t bs) {
   c10::InferenceMode guard;
-  const auto& s = drafter_.spec();
-  const int64_t A = int64_t(rows.size()), g = s.num_heads / s.num_kv_heads;
+  const int64_t A = int64_t(rows.size());
   if (A == 0) return {};
-  DFLASH_CHECK(bs >= 2 && bs <= s.block_size, "propose: block size {} outside [2, {}]", bs, s.block_size);
   int64_t ctx = 0;
   for (int64_t j = 0; j < A; ++j) {
     // The context must end right before the block: positions [0, start) and nothing else.
@@ -190,21 +194,10 @@ std::vector<std::vector<int64_t>> DFlashProposer::propose(const std::vector<int6
     ctx = std::max(ctx, start[j]);
   }
   const at::Device dev = drafter_.device();
-  auto lopt = at::TensorOptions().dtype(at::kLong);
-  std::vector<int64_t> ids(A * bs, s.mask_token_id), pos(A * bs);
-  for (int64_t j = 0; j < A; ++j) {
-    ids[j * bs] = last[j];
-    for (int64_t k = 0; k < bs; ++k) pos[j * bs + k] = start[j] + k;
-  }
-  at::Tensor ids_t = at::tensor(ids, lopt).to(dev).view({A, bs});
-  at::Tensor pos_t = at::tensor(pos, lopt).to(dev).view({A, bs});
-  at::Tensor rows_t = at::tensor(rows, lopt).to(dev);
-  // Visible keys of row j: context slots [0, start_j), then the whole block (non-causal).
-  at::Tensor ctx_vis = at::arange(ctx, lopt.device(dev)).view({1, ctx}) < at::tensor(start, lopt).to(dev).view({A, 1});
-  at::Tensor mask = at::cat({ctx_vis, at::ones({A, bs}, ctx_vis.options())}, 1);  // [A, ctx + bs]
-  mask = mask.view({A, 1, 1, ctx + bs}).expand({A, 1, g * bs, ctx + bs});
+  auto on_dev = [&](const std::vector<int64_t>& v) { return at::tensor(v, at::kLong).to(dev); };
+  at::Tensor rows_t = on_dev(rows);
   const bool all_rows = A == int64_t(len_.size());
-  at::Tensor tok = block_tokens(ids_t, pos_t, mask, [&](size_t l) {
+  at::Tensor tok = propose_block(on_dev(last), on_dev(start), ctx, bs, [&](size_t l) {
                      at::Tensor kc = k_[l].narrow(1, 0, ctx), vc = v_[l].narrow(1, 0, ctx);
                      if (!all_rows) kc = kc.index_select(0, rows_t), vc = vc.index_select(0, rows_t);
                      return std::pair{kc, vc};

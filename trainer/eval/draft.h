@@ -95,6 +95,10 @@ class DFlashProposer : public DraftProposer {
   // layer l [A, ctx, nkv, d] from `context(l)` -> argmax tokens of offsets 1 .. bs - 1 [A, bs - 1].
   at::Tensor block_tokens(const at::Tensor& ids, const at::Tensor& pos, const at::Tensor& mask,
                           const std::function<std::pair<at::Tensor, at::Tensor>(size_t)>& context);
+  // The block [last[j], MASK x (bs - 1)] at positions start[j] .. of each row j (device tensors
+  // [A]) attending context slots [0, start[j]) of `ctx` and the whole block -> block_tokens.
+  at::Tensor propose_block(const at::Tensor& last, const at::Tensor& start, int64_t ctx, int64_t bs,
+                           const std::function<std::pair<at::Tensor, at::Tensor>(size_t)>& context);
   const model::Drafter& drafter_;
   const model::TargetModel& target_;
   at::Tensor fc_, hidden_norm_, norm_, inv_freq_;

@@ -22,13 +22,22 @@ int64_t longest(const std::vector<std::vector<int64_t>>& prompts) {
   return n;
 }
 
-void check_options(const DecodeOptions& o, size_t prompts, size_t ids) {
-  if (prompts != ids) throw_user("decode: {} prompts but {} prompt ids", prompts, ids);
+void check_limits(const DecodeOptions& o) {
   if (o.max_new_tokens < 1) throw_user("eval.max_new_tokens must be >= 1, got {}", o.max_new_tokens);
   if (o.temperature < 0) throw_user("eval.temperature must be >= 0, got {}", o.temperature);
 }
 
+void check_ids(size_t prompts, size_t ids) {
+  if (prompts != ids) throw_user("decode: {} prompts but {} prompt ids", prompts, ids);
+}
+
 }  // namespace
+
+void check_speculative_options(const DecodeOptions& o, int64_t max_block_size) {
+  check_limits(o);
+  if (o.block_size < 2 || o.block_size > max_block_size)
+    throw_user("eval.block_size {} must be in [2, {}] (the drafter's block size)", o.block_size, max_block_size);
+}
 
 double RowResult::tau() const {
   if (accepted.empty()) return 0;
@@ -94,10 +103,8 @@ SpeculativeDecoder::SpeculativeDecoder(model::TargetCache& cache, DraftProposer&
 void SpeculativeDecoder::begin_batch(const std::vector<std::vector<int64_t>>& prompts) {
   c10::InferenceMode guard;
   const DecodeOptions& opt = opt_;
-  check_options(opt, prompts.size(), ids_.size());
-  if (opt.block_size < 2 || opt.block_size > proposer_.max_block_size())
-    throw_user("eval.block_size {} must be in [2, {}] (the drafter's block size)", opt.block_size,
-               proposer_.max_block_size());
+  check_ids(prompts.size(), ids_.size());
+  check_speculative_options(opt, proposer_.max_block_size());
   const int64_t B = int64_t(prompts.size());
   proposer_.reset(B, cache_.capacity());
   res_.resize(B);
@@ -180,7 +187,8 @@ bool SpeculativeDecoder::step() {
 std::vector<RowResult> plain_decode(const model::TargetModel& target, const std::vector<std::vector<int64_t>>& prompts,
                                     const std::vector<int64_t>& prompt_ids, const DecodeOptions& opt) {
   c10::InferenceMode guard;
-  check_options(opt, prompts.size(), prompt_ids.size());
+  check_ids(prompts.size(), prompt_ids.size());
+  check_limits(opt);
   const int64_t B = int64_t(prompts.size());
   std::vector<RowResult> res(B);
   if (B == 0) return res;

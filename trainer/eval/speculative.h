@@ -59,6 +59,10 @@ double sample_uniform(uint64_t seed, int64_t prompt, int64_t position);
 std::vector<int64_t> choose_tokens(const at::Tensor& logits, const std::vector<int64_t>& prompt,
                                    const std::vector<int64_t>& position, double temperature, uint64_t seed);
 
+// The checks of a speculative decode's options (UserError naming the eval key): max_new_tokens
+// >= 1, temperature >= 0, block_size in [2, max_block_size] (the proposer's).
+void check_speculative_options(const DecodeOptions& opt, int64_t max_block_size);
+
 class SpeculativeDecoder {
  public:
   // `prompt_ids[b]`: the global index of prompts[b] (seeds the sampler; results do not depend on

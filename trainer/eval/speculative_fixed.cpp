@@ -32,12 +32,8 @@ FixedSpeculativeDecoder::FixedSpeculativeDecoder(const model::TargetModel& targe
     throw_user("the fixed-shape decoder serves dense targets; {} has linear_attention or expert layers",
                target.config().model_type);
   if (prompts.empty()) throw_user("decode: no prompts");
-  for (size_t b = 0; b < prompts.size(); ++b)
-    if (prompts[b].empty()) throw_user("decode: prompt {} of the batch is empty", b);
-  if (opt.max_new_tokens < 1) throw_user("eval.max_new_tokens must be >= 1, got {}", opt.max_new_tokens);
-  if (opt.block_size < 2 || opt.block_size > proposer.max_block_size())
-    throw_user("eval.block_size {} must be in [2, {}] (the drafter's block size)", opt.block_size,
-               proposer.max_block_size());
+  check_speculative_options(opt, proposer.max_block_size());
+  SpeculativeDecoder::capacity_for(prompts, opt);  // UserError for an empty prompt
 }
 
 void FixedSpeculativeDecoder::run() {

@@ -241,10 +241,6 @@ double StepOutput::accuracy() const {
   return n > 0 ? c / n : 0.0;
 }
 
-double StepOutput::tau() const { return tau_inv_sum > 0 ? static_cast<double>(tau_blocks) / tau_inv_sum : 1.0; }
-double StepOutput::tau_block_mean() const {
-  return tau_blocks > 0 ? tau_sum / static_cast<double>(tau_blocks) : 1.0;
-}
 
 // ---- module -----------------------------------------------------------------------------------
 

@@ -119,8 +119,6 @@ struct StepOutput {
   int64_t tau_blocks = 0;
   double loss_value = 0;       // loss.item(), for logging
   double accuracy() const;      // Σ correct / Σ count
-  double tau() const;           // the estimate of served τ: tau_blocks / tau_inv_sum (1 if none)
-  double tau_block_mean() const;  // tau_sum / tau_blocks (1 if none): overstates served τ (loss.h)
 };
 
 class Drafter {

@@ -79,26 +79,7 @@ TargetModel::Output StaticKVCache::prefill_capture(const std::vector<int64_t>& w
 }
 
 at::Tensor StaticKVCache::step(const at::Tensor& ids, int64_t window) {
-  c10::InferenceMode guard;
-  DFLASH_CHECK(window >= 1 && window <= capacity_, "static cache: window {} outside [1, {}]", window, capacity_);
-  const HfConfig& c = model_.config();
-  const int64_t B = rows_, nq = c.num_attention_heads, nkv = c.num_key_value_heads, hd = c.head_dim;
-  const int64_t g = nq / nkv;
-  const double scale = 1.0 / std::sqrt(double(hd));
-  // Slot of row b's new token in the flattened [rows * capacity] view; key j of row b is visible
-  // iff j <= length(b) (its prefix and the new token itself).
-  at::Tensor flat_slot = row_ids_ * capacity_ + len_;
-  at::Tensor mask = (at::arange(window, len_.options()).view({1, window}) <= len_.view({B, 1})).view({B, 1, 1, window});
-  TargetModel::Attention attend = [&](int64_t l, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-    k_[l].view({B * capacity_, nkv * hd}).index_copy_(0, flat_slot, k.reshape({B, nkv * hd}));
-    v_[l].view({B * capacity_, nkv * hd}).index_copy_(0, flat_slot, v.reshape({B, nkv * hd}));
-    at::Tensor ck = k_[l].narrow(1, 0, window).transpose(1, 2), cv = v_[l].narrow(1, 0, window).transpose(1, 2);
-    // GQA folded into the query axis: kv head j serves q heads j*g .. j*g+g-1.
-    at::Tensor qf = q.reshape({B, nkv, g, hd});
-    at::Tensor o = at::scaled_dot_product_attention(qf, ck, cv, mask, 0.0, /*is_causal=*/false, scale);
-    return o.reshape({B, nq, hd});
-  };
-  return model_.decode_logits(ids, len_, attend);
+  return verify(ids.view({rows_, 1}), window, {}).logits;
 }
 
 TargetModel::Output StaticKVCache::verify(const at::Tensor& ids, int64_t window, const std::vector<int64_t>& layer_ids) {
@@ -114,8 +95,10 @@ TargetModel::Output StaticKVCache::verify(const at::Tensor& ids, int64_t window,
   at::Tensor pos = len_.view({B, 1}) + at::arange(n, len_.options()).view({1, n});  // [B, n]
   at::Tensor flat_slot = (row_ids_.view({B, 1}) * capacity_ + pos).reshape({B * n});
   at::Tensor vis = at::arange(window, len_.options()).view({1, 1, window}) <= pos.view({B, n, 1});  // [B, n, window]
-  // GQA folded into the query axis as (kv head, q head in group, token): the mask repeats per group.
-  at::Tensor mask = vis.unsqueeze(1).expand({B, g, n, window}).reshape({B, 1, g * n, window});
+  // GQA folded into the query axis as (kv head, q head in group, token): the mask repeats per
+  // group (one token: a broadcast row).
+  at::Tensor mask = n == 1 ? vis.view({B, 1, 1, window})
+                           : vis.unsqueeze(1).expand({B, g, n, window}).reshape({B, 1, g * n, window});
   TargetModel::Attention attend = [&](int64_t l, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
     k_[l].view({B * capacity_, nkv * hd}).index_copy_(0, flat_slot, k.reshape({B * n, nkv * hd}));
     v_[l].view({B * capacity_, nkv * hd}).index_copy_(0, flat_slot, v.reshape({B * n, nkv * hd}));

@@ -43,10 +43,10 @@ class StaticKVCache {
                                       const std::vector<std::vector<int64_t>>& prompts,
                                       const std::vector<int64_t>& layer_ids);
 
-  // One token per row: ids [rows] int64 on the device (trusted: the model's own samples), at
-  // positions lengths(); writes K/V at (b, length(b)); attends slots [0, window) masked to
-  // <= length(b). Lengths are not changed. window must exceed every length (the caller's bound)
-  // and be <= capacity. -> logits [rows, vocab] float32. No host reads.
+  // One token per row (verify below with n = 1): ids [rows] int64 on the device (trusted: the
+  // model's own samples), at positions lengths(); writes K/V at (b, length(b)); attends slots
+  // [0, window) masked to <= length(b). Lengths are not changed. window must exceed every length
+  // (the caller's bound) and be <= capacity. -> logits [rows, vocab] float32. No host reads.
   at::Tensor step(const at::Tensor& ids, int64_t window);
 
   // n tokens per row (a speculative verify block): ids [rows, n] int64 on the device (trusted)

@@ -67,22 +67,28 @@ at::Tensor gated_out(const at::Tensor& o, const at::Tensor& proj, const DeltaNet
   return at::mm(gated_norm(o, proj, w, s), w.w_out.t());
 }
 
-std::atomic<int> g_rule{-1};  // DeltaNetRule, -1: the environment not read yet
+// An environment knob read on first use, as the index of its value in `choices` (the first is the
+// default), which a benchmark or test may set at run time.
+struct EnvKnob {
+  const char* env;
+  std::vector<std::string> choices;
+  std::atomic<int> v{-1};  // -1: not read yet
+  int get() {
+    int x = v.load();
+    if (x < 0) {
+      const std::string c = env_choice(env, choices.front().c_str(), choices);
+      x = int(std::find(choices.begin(), choices.end(), c) - choices.begin());
+      v.store(x);
+    }
+    return x;
+  }
+  void set(int x) { v.store(x); }
+};
+// The order of g_rule's choices is DeltaNetRule's.
+EnvKnob g_rule{kDeltaNetSolveEnv, {"inverse", "trsm", "recurrent"}};
+EnvKnob g_tf32{kDeltaNetTf32Env, {"0", "1"}}, g_fused{kDeltaNetFusedEnv, {"0", "1"}};
 
 bool use_trsm() { return deltanet_rule() == DeltaNetRule::Trsm; }
-
-// A 0/1 environment knob read on first use, which a benchmark or test may set at run time.
-struct EnvFlag {
-  const char* env;
-  std::atomic<int> v{-1};  // -1: not read yet
-  bool get() {
-    int x = v.load();
-    if (x < 0) v.store(x = env_choice(env, "0", {"0", "1"}) == "1");
-    return x == 1;
-  }
-  void set(bool on) { v.store(on ? 1 : 0); }
-};
-EnvFlag g_tf32{kDeltaNetTf32Env}, g_fused{kDeltaNetFusedEnv};
 std::atomic<DeltaNetSectionHook> g_hook{nullptr};
 
 void section(const char* name) {
@@ -96,19 +102,11 @@ int64_t chunk_size() {
 
 }  // namespace
 
-DeltaNetRule deltanet_rule() {
-  int r = g_rule.load();
-  if (r < 0) {
-    const std::string v = env_choice(kDeltaNetSolveEnv, "inverse", {"inverse", "trsm", "recurrent"});
-    r = int(v == "trsm" ? DeltaNetRule::Trsm : v == "recurrent" ? DeltaNetRule::Recurrent : DeltaNetRule::Inverse);
-    g_rule.store(r);
-  }
-  return DeltaNetRule(r);
-}
-void set_deltanet_rule(DeltaNetRule rule) { g_rule.store(int(rule)); }
-bool deltanet_tf32() { return g_tf32.get(); }
+DeltaNetRule deltanet_rule() { return DeltaNetRule(g_rule.get()); }
+void set_deltanet_rule(DeltaNetRule rule) { g_rule.set(int(rule)); }
+bool deltanet_tf32() { return g_tf32.get() == 1; }
 void set_deltanet_tf32(bool on) { g_tf32.set(on); }
-bool deltanet_fused() { return g_fused.get(); }
+bool deltanet_fused() { return g_fused.get() == 1; }
 void set_deltanet_fused(bool on) { g_fused.set(on); }
 void set_deltanet_section_hook(DeltaNetSectionHook hook) { g_hook.store(hook); }
 
@@ -397,6 +395,16 @@ at::Tensor gated_out_grid(const at::Tensor& o, const GridIndex& gi, const at::Te
   return gated_norm(rows.to(dtype), proj, wd, s);
 }
 
+// The rule as deltanet_rule() says, on heads-first grids [D, nv, Lp, ...] (Lp = gi.Lp, zeros past
+// each document): -> o [D, nv, Lp, dv] and the final states.
+std::pair<at::Tensor, at::Tensor> rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                       const at::Tensor& g, const at::Tensor& beta, const GridIndex& gi,
+                                       const at::Tensor& S0) {
+  if (deltanet_rule() != DeltaNetRule::Recurrent) return chunked_heads_first(q, k, v, g, beta, gi.C, S0);
+  section("rule");
+  return gated_delta_rule_recurrent(q, k, v, g, beta, gi.lens, S0);
+}
+
 // After the conv (DFLASH_TARGET_DELTANET_FUSED=1): one kernel from the conv output to q, k, v
 // in the rule's heads-first padded grid (SiLU, L2 norms, scale, head expansion, zeros past each
 // document), the rule, and one kernel from its output grid to the gated norm of each token (the
@@ -416,10 +424,7 @@ at::Tensor fused_rest(const at::Tensor& x, const std::vector<int64_t>& cu, const
     return grid.view({D, gi.Lp, s.nv}).transpose(1, 2).contiguous();
   };
   at::Tensor S0 = state ? state->rec.index_select(0, rows) : at::Tensor();
-  at::Tensor gg = grid_hf(g), bg = grid_hf(beta);
-  section("rule");
-  auto [o, S] = deltanet_rule() == DeltaNetRule::Recurrent ? gated_delta_rule_recurrent(q, k, v, gg, bg, gi.lens, S0)
-                                                           : chunked_heads_first(q, k, v, gg, bg, gi.C, S0);
+  auto [o, S] = rule(q, k, v, grid_hf(g), grid_hf(beta), gi, S0);
   section("out");
   if (state) save_state(*state, rows, S, ext, cu, s.kernel);
   at::Tensor out = at::mm(gated_out_grid(o, gi, proj, w, s, x.scalar_type()), w.w_out.t());
@@ -475,17 +480,17 @@ at::Tensor deltanet_forward(const at::Tensor& x, const std::vector<int64_t>& cu,
   at::Tensor S0 = state ? state->rec.index_select(0, rows) : at::Tensor();
   section("to_grid");
   at::Tensor qg = to_grid(q), kg = to_grid(k), vg = to_grid(v), gg = to_grid(g), bg = to_grid(beta);
-  at::Tensor o_grid, S;
-  if (deltanet_rule() == DeltaNetRule::Recurrent) {
-    section("rule");
-    auto hf = [](const at::Tensor& t) { return t.transpose(1, 2).contiguous(); };  // [D, nv, Lmax, ...]
-    std::tie(o_grid, S) = gated_delta_rule_recurrent(hf(qg), hf(kg), hf(vg), hf(gg), hf(bg), gi.lens, S0);
-    o_grid = o_grid.transpose(1, 2);  // [D, Lmax, nv, dv]
-  } else {
-    std::tie(o_grid, S) = gated_delta_rule_chunked(qg, kg, vg, gg, bg, gi.C, S0);
-  }
+  // [D, Lmax, nv, ...] -> heads first, padded to the rule's grid [D, nv, Lp, ...]
+  auto hf = [&](const at::Tensor& t) {
+    at::Tensor h = t.transpose(1, 2);
+    std::vector<int64_t> pad(2 * (h.dim() - 2), 0);
+    pad.back() = gi.Lp - Lmax;  // (constant_pad_nd pads the last dims first)
+    return at::constant_pad_nd(h, pad).contiguous();
+  };
+  auto [o_grid, S] = rule(hf(qg), hf(kg), hf(vg), hf(gg), hf(bg), gi, S0);
   section("out");
-  at::Tensor o = o_grid.reshape({D * Lmax, s.nv, s.dv}).index_select(0, dest_t).to(x.scalar_type());
+  at::Tensor o = o_grid.narrow(2, 0, Lmax).transpose(1, 2).reshape({D * Lmax, s.nv, s.dv}).index_select(0, dest_t)
+                     .to(x.scalar_type());
 
   if (state) save_state(*state, rows, S, ext, cu, K);
   at::Tensor y = gated_out(o, proj, w, s);

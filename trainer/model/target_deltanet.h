@@ -90,10 +90,9 @@ bool deltanet_fused();
 void set_deltanet_fused(bool on);
 
 // Profiling hook (benchmarks: target_family_bench --profile): when set, deltanet_forward calls it
-// at the start of each of its sections ("in_proj", "conv", "qkv_gates", "to_grid", "chunk_intra",
-// "chunk_inverse", "chunk_loop", "chunk_out", or "rule" for the recurrent form, "out": the un-grid, gated norm and
-// out_proj) and
-// with nullptr at its end. Process-wide; nullptr: off (the default, one relaxed load per section).
+// at the start of each of its sections ("in_proj", "conv", "qkv_gates", "to_grid", the rule's
+// "chunk_intra", "chunk_inverse", "chunk_loop", "chunk_out" (or "rule" for the recurrent form),
+// "out": the un-grid, gated norm and out_proj) and with nullptr at its end. Process-wide; nullptr: off (the default, one relaxed load per section).
 using DeltaNetSectionHook = void (*)(const char* section);
 void set_deltanet_section_hook(DeltaNetSectionHook hook);
 

@@ -217,6 +217,20 @@ struct RecShape {
   __host__ __device__ static constexpr int at(int i) { return i + (i >> 5) * 4; }
 };
 
+// a0 += s[0] x.x + s[2] x.z, a1 += s[1] x.y + s[3] x.w (two chains: half the dependent latency).
+__device__ __forceinline__ void dot4(const float* s, const float4& x, float& a0, float& a1) {
+  a0 = fmaf(s[0], x.x, a0);
+  a1 = fmaf(s[1], x.y, a1);
+  a0 = fmaf(s[2], x.z, a0);
+  a1 = fmaf(s[3], x.w, a1);
+}
+
+// The sum over the four row groups (lanes 8 apart) of a lane's partial sum.
+__device__ __forceinline__ float sum_row_groups(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 8);
+  return x + __shfl_xor_sync(0xffffffffu, x, 16);
+}
+
 template <int DK>
 __global__ void __launch_bounds__(128) deltanet_recurrent_kernel(
     const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
@@ -278,32 +292,20 @@ __global__ void __launch_bounds__(128) deltanet_recurrent_kernel(
         // rows rg * R + 4 r4 .. + 3; a 32-row block boundary adds the 4-float gap
         const float4 x = *reinterpret_cast<const float4*>(&sk[t][Sh::at(rg * R + 4 * r4)]);
         kr[4 * r4] = x.x, kr[4 * r4 + 1] = x.y, kr[4 * r4 + 2] = x.z, kr[4 * r4 + 3] = x.w;
-        a0 = fmaf(S[4 * r4], x.x, a0);
-        a1 = fmaf(S[4 * r4 + 1], x.y, a1);
-        a0 = fmaf(S[4 * r4 + 2], x.z, a0);
-        a1 = fmaf(S[4 * r4 + 3], x.w, a1);
+        dot4(&S[4 * r4], x, a0, a1);
       }
-      float kv = a0 + a1;
-      kv += __shfl_xor_sync(0xffffffffu, kv, 8);
-      kv += __shfl_xor_sync(0xffffffffu, kv, 16);
+      const float kv = sum_row_groups(a0 + a1);
       const float gt = sg[t];
       const float u = sb[t] * (sv[t][c] - gt * kv);
       float b0 = 0.f, b1 = 0.f;
 #pragma unroll
       for (int r4 = 0; r4 < R / 4; ++r4) {
         const float4 x = *reinterpret_cast<const float4*>(&sq[t][Sh::at(rg * R + 4 * r4)]);
-        S[4 * r4] = fmaf(S[4 * r4], gt, kr[4 * r4] * u);
-        S[4 * r4 + 1] = fmaf(S[4 * r4 + 1], gt, kr[4 * r4 + 1] * u);
-        S[4 * r4 + 2] = fmaf(S[4 * r4 + 2], gt, kr[4 * r4 + 2] * u);
-        S[4 * r4 + 3] = fmaf(S[4 * r4 + 3], gt, kr[4 * r4 + 3] * u);
-        b0 = fmaf(S[4 * r4], x.x, b0);
-        b1 = fmaf(S[4 * r4 + 1], x.y, b1);
-        b0 = fmaf(S[4 * r4 + 2], x.z, b0);
-        b1 = fmaf(S[4 * r4 + 3], x.w, b1);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) S[4 * r4 + e] = fmaf(S[4 * r4 + e], gt, kr[4 * r4 + e] * u);
+        dot4(&S[4 * r4], x, b0, b1);
       }
-      float ov = b0 + b1;
-      ov += __shfl_xor_sync(0xffffffffu, ov, 8);
-      ov += __shfl_xor_sync(0xffffffffu, ov, 16);
+      const float ov = sum_row_groups(b0 + b1);
       if (rg == 0 && col < dv) oh[(p0 + t) * dv + col] = ov;
     }
   }
