@@ -177,24 +177,56 @@ class Slurm:
         def field(name):
             m = re.search(rf"\b{name}=(\S+)", s)
             return m[1] if m else ""
-        return {"state": field("JobState"), "restarts": int(field("Restarts") or 0), "exit": field("ExitCode")}
+        return {"state": field("JobState"), "restarts": int(field("Restarts") or 0), "exit": field("ExitCode"),
+                "reason": field("Reason")}
+
+    def diagnose(self, jobid, lines=20):
+        """Why a job did what it did, for assertion messages: its state and Reason, and the last
+        lines about it of slurmctld's log (e.g. "Killing non-startable batch JobId=N: Job
+        credential revoked") and of every slurmd's (e.g. "Job N already killed, do not launch
+        batch job", "[N.batch] error: ...")."""
+        out = [f"job {jobid}: {self.job(jobid)}"]
+        mine = re.compile(rf"\bjob(id=| ){jobid}\b|\[{jobid}\.", re.I)
+        logs = Path(self.dir, "log")
+        for log in [logs / "slurmctld.log", *sorted(logs.glob("slurmd-*.log"))]:
+            if log.exists():
+                out += [f"--- {log} (job {jobid})"] + [x for x in log.read_text(errors="replace").splitlines()
+                                                      if mine.search(x)][-lines:]
+        return "\n".join(out)
 
     def release_requeued(self, jobid, timeout=120):
-        """A requeued job waits 120 s (Slurm sets its BeginTime); start it now (test speed only),
-        once no slurmstepd of the job's previous incarnation is left: a job that requeued itself
-        (launch/*.sbatch on exit 4) is PENDING, and its node idle, while the old step's slurmstepd
-        still ends (PMIx clean-up, ~3 s); a step started beside it fails to launch ("aborted before
-        step completely launched"). Slurm's own 120 s wait covers that in real use."""
+        """Start a requeued job now instead of after the 120 s Slurm waits (its BeginTime; test
+        speed only), once it is safe to. Fails, with the reason, when the job does not come back
+        to PENDING (restart >= 1) within `timeout` s.
+
+        - A job that requeued itself (launch/*.sbatch on exit 4) is PENDING, and its node idle,
+          while the old step's slurmstepd still ends (PMIx clean-up, ~3 s); a step started beside
+          it fails to launch ("aborted before step completely launched"): wait until no
+          slurmstepd of the job is left.
+        - slurmd revokes the job's credential at the requeue in whole seconds (revoked when
+          created <= the second of the kill request): a relaunch that slurmctld schedules within
+          that same second is refused (slurmd "Job N already killed, do not launch batch job",
+          slurmctld "Killing non-startable batch JobId=N: Job credential revoked"), and the job
+          ends FAILED 1:0 without a line of output. The kill request precedes the PENDING state,
+          so releasing after the second in which PENDING was seen is safe. Slurm's own
+          BeginTime (requeue + 121 s) keeps real requeues clear of both."""
         t0 = time.monotonic()
+        j = {}
         while time.monotonic() - t0 < timeout:
             j = self.job(jobid)
             if j["restarts"] >= 1 and j["state"] == "PENDING" and not leftovers(f"slurmstepd: [{jobid}."):
-                run(["scontrol", "update", f"jobid={jobid}", "StartTime=now"], env=self.environ(), timeout=30)
-                return True
+                seen = time.time()
+                time.sleep(int(seen) + 1.05 - seen)  # a credential made from now on is newer than the revocation
+                p = run(["scontrol", "update", f"jobid={jobid}", "StartTime=now"], env=self.environ(), timeout=30)
+                assert p.returncode == 0, f"scontrol update jobid={jobid} StartTime=now failed: {p.all}"
+                return
             if j["state"] in ("COMPLETED", "FAILED", "CANCELLED"):
-                return False
+                break
             time.sleep(0.3)
-        return False
+        left = leftovers(f"slurmstepd: [{jobid}.")
+        raise AssertionError(f"job {jobid} was not requeued (PENDING with restart >= 1 and no slurmstepd of its "
+                             f"previous incarnation) within {time.monotonic() - t0:.0f} s: {j}, slurmstepd pids "
+                             f"left {left}\n{self.diagnose(jobid)}")
 
     def wait(self, jobid, timeout=300, until=("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL",
                                                 "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE")):

@@ -60,7 +60,7 @@ def test_sbatch_one_node_runs_the_demo(slurm1, assets, reference, tmp_path):
     out = tmp_path / "job.out"
     jobid = submit(slurm1, "slurm_1node.sbatch", tmp_path / "run", out, assets, ["--ntasks-per-node=4"])
     j, text = finished(slurm1, jobid, out)
-    assert j["state"] == "COMPLETED" and j["exit"] == "0:0", f"{j}\n{text[-4000:]}"
+    assert j["state"] == "COMPLETED" and j["exit"] == "0:0", f"{j}\n{text[-4000:]}\n{slurm1.diagnose(jobid)}"
     assert "srun" in text and f"dflash job {jobid}" in text, text[-2000:]
     assert step_losses(tmp_path / "run") == reference[0]
     assert export_digest(tmp_path / "run") == reference[1]
@@ -72,7 +72,7 @@ def test_sbatch_two_nodes_gives_the_one_node_losses(slurm2, assets, reference, t
     jobid = submit(slurm2, "slurm_multinode.sbatch", tmp_path / "run", out, assets,
                    ["--nodes=2", "--ntasks-per-node=2"], DFLASH_LAUNCHER=launcher)
     j, text = finished(slurm2, jobid, out)
-    assert j["state"] == "COMPLETED", f"{j}\n{text[-4000:]}"
+    assert j["state"] == "COMPLETED", f"{j}\n{text[-4000:]}\n{slurm2.diagnose(jobid)}"
     assert "on n[1-2]" in text, text[-2000:]
     assert step_losses(tmp_path / "run") == reference[0]
     assert export_digest(tmp_path / "run") == reference[1]
@@ -107,15 +107,16 @@ def test_sbatch_preempted_requeues_and_resumes(slurm1, assets, reference16, tmp_
     out = tmp_path / "job.out"
     run_dir = tmp_path / "run"
     jobid = submit(slurm1, "slurm_1node.sbatch", run_dir, out, assets, ["--ntasks-per-node=4"], steps=PREEMPT_STEPS)
-    assert wait_for_state(run_dir, jobid, slurm1), (Path(out).read_text() if Path(out).exists() else "")
+    assert wait_for_state(run_dir, jobid, slurm1), \
+        f"{Path(out).read_text() if Path(out).exists() else ''}\n{slurm1.diagnose(jobid)}"
     if how == "scontrol_requeue":
         p = run(["scontrol", "requeue", jobid], env=slurm1.environ(), timeout=30)
     else:  # what --signal=USR1@120 does 120 s before the limit: USR1 to the job's steps
         p = run(["scancel", "--signal=USR1", jobid], env=slurm1.environ(), timeout=30)
     assert p.returncode == 0, p.all
-    slurm1.release_requeued(jobid)
+    slurm1.release_requeued(jobid)  # fails with the job's state and the SLURM logs if it was not requeued
     j, text = finished(slurm1, jobid, out, timeout=400)
-    assert j["state"] == "COMPLETED" and j["restarts"] >= 1, f"{j}\n{text[-4000:]}"
+    assert j["state"] == "COMPLETED" and j["restarts"] >= 1, f"{j}\n{text[-4000:]}\n{slurm1.diagnose(jobid)}"
     assert re.search(r"restart 1\)", text), text[-3000:]
     sig = "SIGTERM" if how == "scontrol_requeue" else "SIGUSR1"
     assert f"received {sig}: the run saves a state" in text, text[-3000:]
