@@ -95,6 +95,8 @@ std::atomic<int64_t> g_preempted_at{-1};
 // Under Open MPI's mpirun (set by arm_preemption): a SIGTERM from mpirun is its own stop (a rank
 // failed, Ctrl-C, kill of mpirun), and mpirun sends SIGKILL odls_base_sigkill_timeout (1) s later.
 bool g_under_mpirun = false;
+// Preemption signals closer together than this are one request (see on_preempt_signal).
+constexpr int64_t kSameSignalNs = 250'000'000;
 
 int64_t now_ns_signal_safe() {
   struct timespec ts;
@@ -112,6 +114,19 @@ void on_preempt_signal(int sig, siginfo_t* info, void*) {
   const char* name = sig == SIGTERM ? "SIGTERM" : sig == SIGUSR1 ? "SIGUSR1" : sig == SIGINT ? "SIGINT" : "SIGHUP";
   int expected = 0;
   if ((sig != SIGTERM && sig != SIGUSR1) || !g_preempt_signal.compare_exchange_strong(expected, sig)) {
+    // The same request delivered twice: GNU timeout signals its child and then its own process
+    // group, and a job step's signal can reach a rank both directly and through its group; those
+    // arrive within microseconds of each other. A second request is one that comes later.
+    // (since 0: the first is being handled on another thread at this moment.)
+    const int64_t since = g_preempt_since_ns.load();
+    if ((sig == SIGTERM || sig == SIGUSR1) && (since == 0 || now_ns_signal_safe() - since < kSameSignalNs)) {
+      write_str(g_prefix);
+      write_str(" note: ");
+      write_str(name);
+      write_str(" again within 0.25 s of the first: the same request (delivered to the rank and to its process "
+                "group), not a second one\n");
+      return;
+    }
     if (g_ending.load()) _exit(kExitComm);
     write_str(g_prefix);
     write_str(" error: ");

@@ -9,7 +9,8 @@ the same step N, the job exits with 4, checkpoints/step-N is a complete state, a
 command launched again (auto-resume) finishes with per-step losses (metrics.jsonl) and final
 export bytes (model.safetensors) equal to an uninterrupted run's. Equality is exact: same layout,
 one thread per rank, so the computation is deterministic (the e2e resume test relies on it too).
-A second signal ends a rank at once (exit 3) without a state.
+A second signal (0.25 s or more after the first) ends a rank at once (exit 3) without a state;
+the same signal twice within microseconds (GNU timeout: the child, then its group) is one request.
 
 SIGTERM to mpirun cannot be a preemption: OpenMPI 4.1 cannot forward it (ess_base_forward_signals
 refuses SIGTERM); it sends SIGTERM to every rank and SIGKILL odls_base_sigkill_timeout (1) s
@@ -76,7 +77,10 @@ def steps_done(run_dir):
         return 0
 
 
-def launch_and_signal(assets, run_dir, who, sig, second=False):
+def launch_and_signal(assets, run_dir, who, sig, second=None, stall_targets=False):
+    """second: None, or the seconds after which the same signal goes again to the same ranks.
+    stall_targets: SIGSTOP the target ranks first (SIGCONT after the signals), so that the drafters
+    cannot reach the stop step and write a state before the second signal."""
     e = oc.env()
     proc = subprocess.Popen(oc.mpirun_cmd(NP, args(assets, run_dir)), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=e, cwd=oc.SRC, start_new_session=True)
@@ -88,12 +92,19 @@ def launch_and_signal(assets, run_dir, who, sig, second=False):
     assert sorted(ranks) == list(range(NP)), ranks
     at = steps_done(run_dir)
     pids = {"launcher": [proc.pid], "target": [ranks[1]], "drafter": [ranks[3]], "all": list(ranks.values())}[who]
+    stalled = [ranks[0], ranks[1]] if stall_targets else []
+    for pid in stalled:
+        os.kill(pid, signal.SIGSTOP)
     for pid in pids:
         os.kill(pid, sig)
-    if second:
-        time.sleep(0.05)
+    if second is not None:
+        time.sleep(second)
         for pid in pids:
             os.kill(pid, sig)
+    if stalled:
+        time.sleep(0.5)
+        for pid in stalled:
+            os.kill(pid, signal.SIGCONT)
     out, _ = proc.communicate(timeout=120)
     return proc.returncode, out, at
 
@@ -126,12 +137,29 @@ def test_signal_saves_a_state_and_resume_is_identical(assets, straight, tmp_path
 
 
 def test_second_signal_exits_at_once_without_a_state(assets, tmp_path):
+    """A second SIGTERM 0.6 s after the first (the targets stopped meanwhile, so the first cannot
+    complete): the drafter exits at once without a state."""
     run_dir = str(tmp_path / "run")
-    rc, out, at = launch_and_signal(assets, run_dir, "drafter", signal.SIGTERM, second=True)
+    rc, out, at = launch_and_signal(assets, run_dir, "drafter", signal.SIGTERM, second=0.6, stall_targets=True)
     assert rc != 0 and rc != 4, (rc, out[-4000:])
     assert "SIGTERM again: exiting now, without a state" in out, out[-4000:]
     ck = os.path.join(run_dir, "checkpoints")
     assert not os.path.exists(ck) or not [n for n in os.listdir(ck) if n.startswith("step-")], os.listdir(ck)
+
+
+def test_the_same_signal_delivered_twice_is_one_request(assets, straight, tmp_path):
+    """GNU timeout sends its signal to the child and then to its own process group, so a rank run
+    under `timeout` gets it twice within microseconds (a 420 s cap of the GPU quality run lost 980
+    steps to that): two SIGTERMs back to back to every rank are one preemption request: exit 4
+    with a state, and the relaunch resumes to the uninterrupted run's losses."""
+    run_dir = str(tmp_path / "run")
+    rc, out, at = launch_and_signal(assets, run_dir, "all", signal.SIGTERM, second=0)
+    assert rc == 4, (rc, out[-4000:])
+    assert "again: exiting now" not in out, out[-4000:]
+    assert "not a second one" in out, out[-4000:]
+    p = oc.mpirun(NP, args(assets, run_dir))
+    assert p.returncode == 0 and "auto-resume:" in p.all, p.all[-3000:]
+    assert oc.step_losses(run_dir) == oc.step_losses(straight)
 
 
 def test_sigterm_to_mpirun_loses_no_consistency(assets, straight, tmp_path):
