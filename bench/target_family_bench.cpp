@@ -202,7 +202,7 @@ int main(int argc, char** argv) {
         other("delta rule's float32 products on TF32", dflash::model::kDeltaNetTf32Env, dflash::model::deltanet_tf32(),
               dflash::model::set_deltanet_tf32);
         other("fused q/k/v grid and gated-norm kernels", dflash::model::kDeltaNetFusedEnv,
-              dflash::model::deltanet_fused(), dflash::model::set_deltanet_fused);
+              dflash::model::deltanet_fused(dev), dflash::model::set_deltanet_fused);
       }
       const double fl = flop_per_token(c, c.num_hidden_layers, S) * T / s;
       std::printf("%-10s %10.1f %12.0f %10.1f %7.1f%%\n", fmt::format("{}x{}", B, S).c_str(), s * 1e3, T / s,

@@ -30,15 +30,18 @@ for cfg in $CONFIGS; do
   fi
   variants=()
   if [ $cfg = qwen3.5-9b ]; then
-    # The rule's variants (trainer/model/target_deltanet.h), each a row of the table below beside
-    # transformers: fused data movement, the recurrent rule kernel, both; chunks of 128.
+    # The rule's other settings (trainer/model/target_deltanet.h; the default on CUDA is the
+    # recurrent kernel with the fused data movement), each a row of the table below beside
+    # transformers: the chunked form fused and unfused (the default before 2026-12-01), the
+    # recurrent kernel unfused, chunks of 128.
     # (DFLASH_TARGET_DELTANET=trsm, the oracle, measured 770.5 ms at 0bdb040: bench/RESULTS.md.)
-    for v in "fused:DFLASH_TARGET_DELTANET_FUSED=1" "recurrent:DFLASH_TARGET_DELTANET=recurrent" \
-             "fused+recurrent:DFLASH_TARGET_DELTANET_FUSED=1 DFLASH_TARGET_DELTANET=recurrent" \
-             "chunk128:DFLASH_TARGET_DELTANET_CHUNK=128"; do
+    for v in "chunked:DFLASH_TARGET_DELTANET=inverse DFLASH_TARGET_DELTANET_FUSED=0" \
+             "chunked+fused:DFLASH_TARGET_DELTANET=inverse" \
+             "recurrent-unfused:DFLASH_TARGET_DELTANET_FUSED=0" \
+             "chunk128:DFLASH_TARGET_DELTANET=inverse DFLASH_TARGET_DELTANET_CHUNK=128"; do
       label=${v%%:*}; envs=${v#*:}
       echo "--- dflash $cfg, $label ($envs)"
-      prof=(); [ "$label" = fused+recurrent ] && prof=(--profile)
+      prof=(); [ "$label" = chunked ] && prof=(--profile)
       # shellcheck disable=SC2086  # envs: several VAR=value words
       env $envs timeout 200 "$BUILD/bench/target_family_bench" --config $cfg --shapes 8x2048 --iters 3 "${prof[@]}" \
         --json "$OUT/dflash_${cfg}_$label.json" > "$OUT/dflash_${cfg}_$label.txt" 2>&1

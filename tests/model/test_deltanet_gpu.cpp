@@ -121,8 +121,7 @@ void compare(int64_t dk, int64_t dv, bool with_state) {
       EXPECT_LE(rel(s_var.conv, s_aten.conv), 0.0) << var.name << ": the conv window is copied, not computed";
     }
   }
-  set_deltanet_fused(false);
-  set_deltanet_rule(DeltaNetRule::Inverse);
+  reset_deltanet_knobs();
 }
 
 // The recurrent rule's kernel alone, float32 on the GPU against its float64 ATen form on the CPU

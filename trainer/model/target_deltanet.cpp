@@ -84,11 +84,11 @@ struct EnvKnob {
   }
   void set(int x) { v.store(x); }
 };
-// The order of g_rule's choices is DeltaNetRule's.
-EnvKnob g_rule{kDeltaNetSolveEnv, {"inverse", "trsm", "recurrent"}};
-EnvKnob g_tf32{kDeltaNetTf32Env, {"0", "1"}}, g_fused{kDeltaNetFusedEnv, {"0", "1"}};
+// "auto" (index 0, the default) picks by device; then the order of g_rule's choices is DeltaNetRule's.
+EnvKnob g_rule{kDeltaNetSolveEnv, {"auto", "inverse", "trsm", "recurrent"}};
+EnvKnob g_tf32{kDeltaNetTf32Env, {"0", "1"}}, g_fused{kDeltaNetFusedEnv, {"auto", "0", "1"}};
 
-bool use_trsm() { return deltanet_rule() == DeltaNetRule::Trsm; }
+bool use_trsm() { return g_rule.get() == 1 + int(DeltaNetRule::Trsm); }
 std::atomic<DeltaNetSectionHook> g_hook{nullptr};
 
 void section(const char* name) {
@@ -102,12 +102,20 @@ int64_t chunk_size() {
 
 }  // namespace
 
-DeltaNetRule deltanet_rule() { return DeltaNetRule(g_rule.get()); }
-void set_deltanet_rule(DeltaNetRule rule) { g_rule.set(int(rule)); }
+DeltaNetRule deltanet_rule(const at::Device& device) {
+  const int x = g_rule.get();
+  if (x == 0) return device.is_cuda() ? DeltaNetRule::Recurrent : DeltaNetRule::Inverse;
+  return DeltaNetRule(x - 1);
+}
+void set_deltanet_rule(DeltaNetRule rule) { g_rule.set(1 + int(rule)); }
 bool deltanet_tf32() { return g_tf32.get() == 1; }
 void set_deltanet_tf32(bool on) { g_tf32.set(on); }
-bool deltanet_fused() { return g_fused.get() == 1; }
-void set_deltanet_fused(bool on) { g_fused.set(on); }
+bool deltanet_fused(const at::Device& device) {
+  const int x = g_fused.get();
+  return x == 0 ? device.is_cuda() : x == 2;
+}
+void set_deltanet_fused(bool on) { g_fused.set(on ? 2 : 1); }
+void reset_deltanet_knobs() { g_rule.set(-1), g_fused.set(-1), g_tf32.set(-1); }
 void set_deltanet_section_hook(DeltaNetSectionHook hook) { g_hook.store(hook); }
 
 at::Tensor unit_lower_inverse(const at::Tensor& t_in) {
@@ -395,12 +403,12 @@ at::Tensor gated_out_grid(const at::Tensor& o, const GridIndex& gi, const at::Te
   return gated_norm(rows.to(dtype), proj, wd, s);
 }
 
-// The rule as deltanet_rule() says, on heads-first grids [D, nv, Lp, ...] (Lp = gi.Lp, zeros past
+// The rule as deltanet_rule(device) says, on heads-first grids [D, nv, Lp, ...] (Lp = gi.Lp, zeros past
 // each document): -> o [D, nv, Lp, dv] and the final states.
 std::pair<at::Tensor, at::Tensor> rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                        const at::Tensor& g, const at::Tensor& beta, const GridIndex& gi,
                                        const at::Tensor& S0) {
-  if (deltanet_rule() != DeltaNetRule::Recurrent) return chunked_heads_first(q, k, v, g, beta, gi.C, S0);
+  if (deltanet_rule(q.device()) != DeltaNetRule::Recurrent) return chunked_heads_first(q, k, v, g, beta, gi.C, S0);
   section("rule");
   return gated_delta_rule_recurrent(q, k, v, g, beta, gi.lens, S0);
 }
@@ -470,7 +478,7 @@ at::Tensor deltanet_forward(const at::Tensor& x, const std::vector<int64_t>& cu,
   at::Tensor conv = at::conv1d(ext.transpose(1, 2), w.conv.to(x.scalar_type()).unsqueeze(1), std::nullopt,
                                /*stride=*/at::IntArrayRef(one), /*padding=*/at::IntArrayRef(zero),
                                /*dilation=*/at::IntArrayRef(one), /*groups=*/Cd);  // [D, Cd, Lmax]
-  if (deltanet_fused() && s.dk <= 256 && s.dv <= 256 && s.nv % s.nk == 0)
+  if (deltanet_fused(x.device()) && s.dk <= 256 && s.dv <= 256 && s.nv % s.nk == 0)
     return fused_rest(x, cu, w, s, state, rows, proj, ext, conv.contiguous(), gi);
   at::Tensor conv_out = at::silu(conv).transpose(1, 2).reshape({D * Lmax, Cd}).index_select(0, dest_t);
   section("qkv_gates");

@@ -57,14 +57,18 @@ at::Tensor deltanet_forward(const at::Tensor& x, const std::vector<int64_t>& cu,
                             const DeltaNetSpec& s, DeltaNetState* state = nullptr,
                             const at::Tensor& rows = {});
 
-// Environment knob: how the rule runs. "inverse" (default) and "trsm": the chunked form above;
+// Environment knob: how the rule runs. "inverse" and "trsm": the chunked form above;
 // "recurrent": token by token (gated_delta_rule_recurrent below: on CUDA one kernel holding the
-// state in registers, no float32 intermediates in memory). Read on first use;
-// set_deltanet_rule overrides it (tests, benchmarks).
+// state in registers, no float32 intermediates in memory); "auto" (default): recurrent on CUDA
+// (the Qwen3.5-9B capture forward at 8 x 2048 on an H200: 639 against 724 ms unfused, 527 against
+// 600 ms with the fused kernels: bench/RESULTS.md, 2026-12-01 22:30 UTC), inverse on CPU.
+// Read on first use; set_deltanet_rule overrides it (tests, benchmarks), reset_deltanet_knobs
+// returns every knob here to its environment value.
 constexpr const char* kDeltaNetSolveEnv = "DFLASH_TARGET_DELTANET";
 enum class DeltaNetRule { Inverse, Trsm, Recurrent };
-DeltaNetRule deltanet_rule();
+DeltaNetRule deltanet_rule(const at::Device& device);
 void set_deltanet_rule(DeltaNetRule rule);
+void reset_deltanet_knobs();
 
 // DFLASH_TARGET_DELTANET_TF32=1 (or set_deltanet_tf32(true)) runs the float32 products of the
 // chunked rule (intra-chunk matmuls, the inverse, the per-chunk state updates) on TF32 tensor
@@ -83,10 +87,10 @@ constexpr const char* kDeltaNetChunkEnv = "DFLASH_TARGET_DELTANET_CHUNK";
 // DFLASH_TARGET_DELTANET_FUSED=1 (or set_deltanet_fused(true)): two kernels (target_kernels.h:
 // deltanet_qkv_grid, deltanet_gated_out; on CPU the same arithmetic in ATen, which tests the
 // path's glue) replace the ATen data movement between the conv and the rule and between the rule
-// and out_proj. Off by default until the GPU test (tests/model/test_deltanet_gpu) and
-// target_family_bench have run it on an H200.
+// and out_proj. "auto" (default): on for CUDA (tests/model/test_deltanet_gpu; 1.21x the unfused
+// path with the chunked rule on an H200, bench/RESULTS.md), off on CPU; 0: off everywhere.
 constexpr const char* kDeltaNetFusedEnv = "DFLASH_TARGET_DELTANET_FUSED";
-bool deltanet_fused();
+bool deltanet_fused(const at::Device& device);
 void set_deltanet_fused(bool on);
 
 // Profiling hook (benchmarks: target_family_bench --profile): when set, deltanet_forward calls it
