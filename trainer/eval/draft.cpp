@@ -193,6 +193,10 @@ std::vector<std::vector<int64_t>> DFlashProposer::propose(const std::vector<int6
                  rows[j], len_[rows[j]], start[j]);
     ctx = std::max(ctx, start[j]);
   }
+  // Read a multiple of 64 context slots (within the capacity): the ones past a row's start are
+  // masked and hold zeros (the invariant), and a decode meets capacity / 64 key lengths instead of
+  // one per step (as TargetCache::extend does).
+  ctx = std::min(capacity_, (ctx + 63) / 64 * 64);
   const at::Device dev = drafter_.device();
   auto on_dev = [&](const std::vector<int64_t>& v) { return at::tensor(v, at::kLong).to(dev); };
   at::Tensor rows_t = on_dev(rows);
