@@ -28,7 +28,7 @@
 # Q_MAX_NEW (384), Q_SPEED_PROMPTS (512), Q_STEPS (1400; the 2026-12-01 run reached held-out tau 2.43 after 1000 steps on 16000 prompts in a 10.1-minute chain, still rising, with a training estimate of 5.31: more steps and more data), Q_ABLATION ("drafter.num_layers=1"),
 # Q_EVAL_BATCH (128), Q_EVAL_MAX_NEW (256), Q_EVAL_EVERY (250: real tau during training on 32
 # held-out prompts x 128 tokens, for the curve; 0: off), Q_DEVICE (auto), Q_OVERRIDES (more config overrides),
-# Q_TRAIN_CAP (420: seconds of training per stage call), Q_FIXED_ENGINE (1: the main eval again on the fixed-shape engine), Q_SKIP_HF=1 (no transformers comparison), Q_SKIP_CACHE=1 (no cache-engine run in the speed step), Q_TOY=1 (CPU smoke run: tests/real/test_chain.py).
+# Q_TRAIN_CAP (420: seconds of training per stage call), Q_FIXED_ENGINE (1: the main eval again on the fixed-shape engine), Q_SKIP_HF=1 (no transformers comparison), Q_SKIP_CACHE=1 (no cache-engine run in the speed step), Q_SKIP_SPEED=1 (no speed step: stage1 goes from the prompts to the regeneration), Q_TOY=1 (CPU smoke run: tests/real/test_chain.py).
 # targets: dflash_rank
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -126,6 +126,7 @@ prompts() {
 regen_args=(--model "$MODEL" --batch-size "$Q_REGEN_BATCH" --max-new-tokens "$Q_MAX_NEW" --device "$Q_DEVICE" --progress-s 20)
 speed() {  # dflash_rank regenerate and transformers generate: same prompts, same batch, same run
   [ -f "$OUT/regen_speed.json" ] && return 0
+  [ -n "${Q_SKIP_SPEED:-}" ] && { say "SKIP the regeneration speed step (Q_SKIP_SPEED)"; return 0; }
   # dflash: the static engine with CUDA graphs (the default), the same without graphs (the eager
   # oracle: outputs must be identical), the cache engine (the engine before the static one)
   local v
