@@ -252,6 +252,42 @@ TEST(Speculative, DraftCacheHoldsOnlyContext) {
   EXPECT_GT(steps, 4);
 }
 
+// DFlashProposer::propose for a subset of rows pads it with idle rows to a power of two (3 of 6
+// -> 4 drafted, 5 -> all 6, 2 -> 2, 1 -> 1): each requested row's drafts equal those of a
+// proposer holding that row alone, whatever the idle rows hold.
+TEST(Speculative, ProposeForSomeRowsEqualsEachRowAlone) {
+  const int64_t bs = 10, R = 6;
+  const std::vector<int64_t> layers = drafter().spec().target_layer_ids;
+  const std::vector<int64_t> lens = {5, 17, 1, 9, 30, 12};
+  std::vector<at::Tensor> feats;
+  for (int64_t b = 0; b < R; ++b) {
+    std::vector<int64_t> seq;
+    for (int64_t i = 0; i < lens[b]; ++i) seq.push_back((b * 31 + i * 7 + i * i) % (V - 1));
+    feats.push_back(tiny().forward(at::tensor(seq, at::kLong), at::tensor(std::vector<int64_t>{0, lens[b]}, at::kLong),
+                                   layers).captured);
+  }
+  DFlashProposer all(drafter(), tiny());
+  all.reset(R, 48);
+  std::vector<int64_t> off = {0};
+  for (int64_t b = 0; b < R; ++b) off.push_back(off.back() + lens[b]);
+  all.add_context(at::cat(feats), off);
+  std::vector<std::vector<int64_t>> alone(R);
+  for (int64_t b = 0; b < R; ++b) {
+    DFlashProposer one(drafter(), tiny());
+    one.reset(1, 48);
+    one.add_context(feats[b], {0, lens[b]});
+    alone[b] = one.propose({0}, {(b * 5 + 3) % V}, {lens[b]}, bs)[0];
+  }
+  for (const std::vector<int64_t>& rows : {std::vector<int64_t>{0, 2, 5}, std::vector<int64_t>{4, 0, 1, 2, 3},
+                                           std::vector<int64_t>{3, 4}, std::vector<int64_t>{1}}) {
+    std::vector<int64_t> last, start;
+    for (int64_t b : rows) last.push_back((b * 5 + 3) % V), start.push_back(lens[b]);
+    auto got = all.propose(rows, last, start, bs);
+    ASSERT_EQ(got.size(), rows.size());
+    for (size_t j = 0; j < rows.size(); ++j) EXPECT_EQ(got[j], alone[rows[j]]) << "row " << rows[j] << " of " << rows.size();
+  }
+}
+
 TEST(Speculative, BadOptions) {
   auto p = prompts();
   DFlashProposer prop(drafter(), tiny());

@@ -55,33 +55,34 @@ TargetModel::Output full(const std::vector<int64_t>& s) {
 
 }  // namespace
 
-TEST(TargetCache, ExtendsOfUnequalSizesEqualThePackedForward) {
-  const std::vector<int64_t> plen = {5, 1, 12, 7};
-  // Per row, the chunk sizes of the steps after the prefill (0: sits out).
-  const std::vector<std::vector<int64_t>> chunks = {{3, 1, 0, 4}, {1, 1, 1, 1}, {0, 16, 2, 0}, {6, 0, 0, 1}};
+// Extends of the rows in `chunks` (per row, the chunk sizes of the steps after the prefill; 0:
+// the row sits out) after prefills of `plen`: each row's logits and captured states equal the
+// packed forward of its whole sequence.
+static void extends_equal_forward(const std::vector<int64_t>& plen, const std::vector<std::vector<int64_t>>& chunks) {
+  const int64_t R = int64_t(plen.size()), K = int64_t(chunks.front().size());
   std::vector<std::vector<int64_t>> rows;
-  for (size_t b = 0; b < plen.size(); ++b) {
+  for (int64_t b = 0; b < R; ++b) {
     int64_t n = plen[b];
     for (auto c : chunks[b]) n += c;
-    rows.push_back(seq(n, int64_t(b) + 1));
+    rows.push_back(seq(n, b + 1));
   }
-  TargetCache cache(tiny(), 4, 40, {0, 2});
+  TargetCache cache(tiny(), R, 40, {0, 2});
   std::vector<std::vector<int64_t>> pre;
-  for (size_t b = 0; b < 4; ++b) pre.emplace_back(rows[b].begin(), rows[b].begin() + plen[b]);
+  for (int64_t b = 0; b < R; ++b) pre.emplace_back(rows[b].begin(), rows[b].begin() + plen[b]);
   auto st = cache.prefill(pre, TargetCache::Logits::All);
-  std::vector<at::Tensor> got_logits(4), got_cap(4);
-  for (int64_t b = 0; b < 4; ++b) {
+  std::vector<at::Tensor> got_logits(R), got_cap(R);
+  for (int64_t b = 0; b < R; ++b) {
     got_logits[b] = st.logits.narrow(0, st.offsets[b], plen[b]);
     got_cap[b] = st.captured.narrow(0, st.offsets[b], plen[b]);
   }
   std::vector<int64_t> done = plen;
-  for (size_t k = 0; k < 4; ++k) {
-    std::vector<std::vector<int64_t>> step(4);
-    for (int64_t b = 0; b < 4; ++b) {
+  for (int64_t k = 0; k < K; ++k) {
+    std::vector<std::vector<int64_t>> step(R);
+    for (int64_t b = 0; b < R; ++b) {
       step[b].assign(rows[b].begin() + done[b], rows[b].begin() + done[b] + chunks[b][k]);
     }
     auto s = cache.extend(step);
-    for (int64_t b = 0; b < 4; ++b) {
+    for (int64_t b = 0; b < R; ++b) {
       const int64_t n = chunks[b][k];
       ASSERT_EQ(s.offsets[b + 1] - s.offsets[b], n);
       if (n == 0) continue;
@@ -90,12 +91,23 @@ TEST(TargetCache, ExtendsOfUnequalSizesEqualThePackedForward) {
       done[b] += n;
     }
   }
-  for (int64_t b = 0; b < 4; ++b) {
+  for (int64_t b = 0; b < R; ++b) {
     EXPECT_EQ(cache.length(b), int64_t(rows[b].size()));
     auto ref = full(rows[b]);
     EXPECT_LT(rel(got_logits[b], ref.logits), 1e-5) << "row " << b;
     EXPECT_LT(rel(got_cap[b], ref.captured), 1e-5) << "row " << b;
   }
+}
+
+TEST(TargetCache, ExtendsOfUnequalSizesEqualThePackedForward) {
+  extends_equal_forward({5, 1, 12, 7}, {{3, 1, 0, 4}, {1, 1, 1, 1}, {0, 16, 2, 0}, {6, 0, 0, 1}});
+}
+
+// 6 rows: the attention pads the active rows with idle ones to a power of two (3 active -> 4
+// attended, 5 -> all 6, 1 -> 1, 2 -> 2), and the idle rows' padding must not reach the active ones.
+TEST(TargetCache, ExtendsOfSomeRowsPaddedWithIdleRowsEqualThePackedForward) {
+  extends_equal_forward({5, 1, 12, 7, 3, 9},
+                        {{3, 0, 1, 2, 0}, {0, 2, 0, 1, 0}, {4, 1, 0, 1, 2}, {0, 0, 0, 3, 0}, {1, 1, 0, 2, 0}, {0, 5, 0, 0, 1}});
 }
 
 TEST(TargetCache, CropZeroesAndReExtendEqualsTheNewSequence) {

@@ -184,31 +184,52 @@ std::vector<std::vector<int64_t>> DFlashProposer::propose(const std::vector<int6
                                                           const std::vector<int64_t>& last,
                                                           const std::vector<int64_t>& start, int64_t bs) {
   c10::InferenceMode guard;
-  const int64_t A = int64_t(rows.size());
+  const int64_t A = int64_t(rows.size()), R = int64_t(len_.size());
   if (A == 0) return {};
-  int64_t ctx = 0;
-  for (int64_t j = 0; j < A; ++j) {
-    // The context must end right before the block: positions [0, start) and nothing else.
+  for (int64_t j = 0; j < A; ++j)  // the context must end right before the block: positions [0, start)
     DFLASH_CHECK(len_.at(rows[j]) == start[j], "propose: row {} holds {} context positions, block starts at {}",
                  rows[j], len_[rows[j]], start[j]);
-    ctx = std::max(ctx, start[j]);
+  // The block runs for the requested rows padded with idle ones to a power of two (within the
+  // rows), in row order, as TargetCache::extend pads its attention: as rows finish, a decode meets
+  // log2(rows) + 1 batch sizes. An idle row drafts after its own context; its tokens are dropped.
+  int64_t P = 1;
+  while (P < A) P *= 2;
+  P = std::min(P, R);
+  std::vector<int64_t> slot_of(R, -1);  // row -> index into rows (-1: not requested)
+  for (int64_t j = 0; j < A; ++j) slot_of[rows[j]] = j;
+  std::vector<int64_t> prow, plast, pstart;
+  int64_t idle = P - A;
+  for (int64_t b = 0; b < R; ++b) {
+    const int64_t j = slot_of[b];
+    if (j < 0) {
+      if (idle == 0) continue;
+      --idle;
+    }
+    prow.push_back(b);
+    plast.push_back(j >= 0 ? last[j] : drafter_.spec().mask_token_id);
+    pstart.push_back(j >= 0 ? start[j] : len_[b]);
   }
+  int64_t ctx = 0;
+  for (int64_t v : pstart) ctx = std::max(ctx, v);
   // Read a multiple of 64 context slots (within the capacity): the ones past a row's start are
   // masked and hold zeros (the invariant), and a decode meets capacity / 64 key lengths instead of
   // one per step (as TargetCache::extend does).
   ctx = std::min(capacity_, (ctx + 63) / 64 * 64);
   const at::Device dev = drafter_.device();
   auto on_dev = [&](const std::vector<int64_t>& v) { return at::tensor(v, at::kLong).to(dev); };
-  at::Tensor rows_t = on_dev(rows);
-  const bool all_rows = A == int64_t(len_.size());
-  at::Tensor tok = propose_block(on_dev(last), on_dev(start), ctx, bs, [&](size_t l) {
+  at::Tensor rows_t = on_dev(prow);
+  const bool all_rows = P == R;
+  at::Tensor tok = propose_block(on_dev(plast), on_dev(pstart), ctx, bs, [&](size_t l) {
                      at::Tensor kc = k_[l].narrow(1, 0, ctx), vc = v_[l].narrow(1, 0, ctx);
                      if (!all_rows) kc = kc.index_select(0, rows_t), vc = vc.index_select(0, rows_t);
                      return std::pair{kc, vc};
                    }).to(at::kCPU).contiguous();
   std::vector<std::vector<int64_t>> out(A);
   const int64_t* t = tok.data_ptr<int64_t>();
-  for (int64_t j = 0; j < A; ++j) out[j].assign(t + j * (bs - 1), t + (j + 1) * (bs - 1));
+  for (int64_t p = 0; p < P; ++p) {
+    const int64_t j = slot_of[prow[p]];
+    if (j >= 0) out[j].assign(t + p * (bs - 1), t + (p + 1) * (bs - 1));
+  }
   return out;
 }
 

@@ -143,19 +143,42 @@ TargetCache::Step TargetCache::extend(const std::vector<std::vector<int64_t>>& t
       return ops::varlen_causal_attention(q, k, v, cu, cu_dev, n_max, scale);
     };
   } else {
-    // Query i of active row a (row b) sees slots [0, len_b + i]; padded queries (i >= n_b)
+    // The attention runs over the active rows padded with idle ones to a power of two (within
+    // the rows), in row order: as rows finish, a decode then meets log2(rows) + 1 batch sizes
+    // instead of one per count of active rows (each new shape may cost SDPA's backend a plan;
+    // see kUsedBucket). An idle row's queries are all padding.
+    int64_t A = 1;
+    while (A < int64_t(act.size())) A *= 2;
+    A = std::min(A, rows_);
+    std::vector<int64_t> att;  // the attended rows, ascending
+    {
+      std::vector<char> on(rows_, 0);
+      for (int64_t b : act) on[b] = 1;
+      int64_t idle = A - int64_t(act.size());  // idle rows to add
+      for (int64_t b = 0; b < rows_; ++b) {
+        if (!on[b]) {
+          if (idle == 0) continue;
+          --idle;
+        }
+        att.push_back(b);
+      }
+      std::vector<int64_t> at_of(rows_, -1);
+      for (int64_t a = 0; a < A; ++a) at_of[att[a]] = a;
+      for (size_t t = 0; t < arow_of.size(); ++t) arow_of[t] = at_of[row_of[t]];
+    }
+    // Query i of attended row a (row b) sees slots [0, len_b + i]; padded queries (i >= n_b)
     // see the row's first slot only (a row of all -inf would give NaN; their output is dropped).
-    const int64_t A = int64_t(act.size()), g = nq / nkv;
+    const int64_t g = nq / nkv;
     std::vector<int64_t> lim(A * n_max);
     for (int64_t a = 0; a < A; ++a) {
-      const int64_t b = act[a], n = int64_t(tokens[b].size());
+      const int64_t b = att[a], n = int64_t(tokens[b].size());
       for (int64_t i = 0; i < n_max; ++i) lim[a * n_max + i] = i < n ? len_[b] + i : 0;
     }
     at::Tensor mask = at::arange(used, at::TensorOptions().dtype(at::kLong).device(dev)).view({1, 1, used}) <=
                       on_dev(lim).view({A, n_max, 1});  // [A, n_max, used]
     mask = mask.unsqueeze(1).expand({A, g, n_max, used}).reshape({A, 1, g * n_max, used});
     at::Tensor arow_t = on_dev(arow_of), idx_t = on_dev(idx);
-    at::Tensor act_t = A == rows_ ? at::Tensor() : on_dev(act);
+    at::Tensor act_t = A == rows_ ? at::Tensor() : on_dev(att);
     attend = [&, mask, arow_t, idx_t, act_t, A, g](int64_t l, const at::Tensor& q, const at::Tensor& k,
                                                  const at::Tensor& v) {
       store(l, k, v);
