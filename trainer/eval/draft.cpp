@@ -9,6 +9,7 @@
 #include <c10/core/InferenceMode.h>
 
 #include "core/error.h"
+#include "trainer/model/target_cache.h"
 
 namespace dflash::eval {
 namespace {
@@ -189,32 +190,21 @@ std::vector<std::vector<int64_t>> DFlashProposer::propose(const std::vector<int6
   for (int64_t j = 0; j < A; ++j)  // the context must end right before the block: positions [0, start)
     DFLASH_CHECK(len_.at(rows[j]) == start[j], "propose: row {} holds {} context positions, block starts at {}",
                  rows[j], len_[rows[j]], start[j]);
-  // The block runs for the requested rows padded with idle ones to a power of two (within the
-  // rows), in row order, as TargetCache::extend pads its attention: as rows finish, a decode meets
-  // log2(rows) + 1 batch sizes. An idle row drafts after its own context; its tokens are dropped.
-  int64_t P = 1;
-  while (P < A) P *= 2;
-  P = std::min(P, R);
+  // The block runs for model::attended_rows(rows) (the shapes of a cached attention,
+  // target_cache.h): an idle row drafts after its own context and its tokens are dropped.
+  const std::vector<int64_t> prow = model::attended_rows(rows, R);
+  const int64_t P = int64_t(prow.size());
   std::vector<int64_t> slot_of(R, -1);  // row -> index into rows (-1: not requested)
   for (int64_t j = 0; j < A; ++j) slot_of[rows[j]] = j;
-  std::vector<int64_t> prow, plast, pstart;
-  int64_t idle = P - A;
-  for (int64_t b = 0; b < R; ++b) {
+  std::vector<int64_t> plast, pstart;
+  int64_t ctx = 0;
+  for (int64_t b : prow) {
     const int64_t j = slot_of[b];
-    if (j < 0) {
-      if (idle == 0) continue;
-      --idle;
-    }
-    prow.push_back(b);
     plast.push_back(j >= 0 ? last[j] : drafter_.spec().mask_token_id);
     pstart.push_back(j >= 0 ? start[j] : len_[b]);
+    ctx = std::max(ctx, pstart.back());
   }
-  int64_t ctx = 0;
-  for (int64_t v : pstart) ctx = std::max(ctx, v);
-  // Read a multiple of 64 context slots (within the capacity): the ones past a row's start are
-  // masked and hold zeros (the invariant), and a decode meets capacity / 64 key lengths instead of
-  // one per step (as TargetCache::extend does).
-  ctx = std::min(capacity_, (ctx + 63) / 64 * 64);
+  ctx = model::cached_keys(ctx, capacity_);  // the slots past a row's start are masked zeros
   const at::Device dev = drafter_.device();
   auto on_dev = [&](const std::vector<int64_t>& v) { return at::tensor(v, at::kLong).to(dev); };
   at::Tensor rows_t = on_dev(prow);

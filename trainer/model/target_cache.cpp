@@ -14,9 +14,24 @@
 
 namespace dflash::model {
 
-namespace {
-constexpr int64_t kUsedBucket = 64;  // key-length granularity of the cached attention (extend)
-}  // namespace
+int64_t cached_keys(int64_t n, int64_t capacity) { return std::min(capacity, (n + 63) / 64 * 64); }
+
+std::vector<int64_t> attended_rows(const std::vector<int64_t>& active, int64_t rows) {
+  int64_t n = 1;
+  while (n < int64_t(active.size())) n *= 2;
+  int64_t idle = std::min(n, rows) - int64_t(active.size());  // idle rows to add
+  std::vector<char> on(rows, 0);
+  for (int64_t b : active) on[b] = 1;
+  std::vector<int64_t> att;
+  for (int64_t b = 0; b < rows; ++b) {
+    if (!on[b]) {
+      if (idle == 0) continue;
+      --idle;
+    }
+    att.push_back(b);
+  }
+  return att;
+}
 
 TargetCache::TargetCache(const TargetModel& model, int64_t rows, int64_t capacity,
                          std::vector<int64_t> capture_ids)
@@ -120,12 +135,7 @@ TargetCache::Step TargetCache::extend(const std::vector<std::vector<int64_t>>& t
     if (logits != Logits::None) st.logits = at::empty({0, c.vocab_size}, at::TensorOptions().device(dev));
     return st;
   }
-  // The attention reads the first `used` slots, rounded up to a multiple of kUsedBucket (within the
-  // capacity): the slots past a row's length are masked and hold zeros (the invariant), and a
-  // decode then meets capacity / 64 key lengths instead of one per step, each of which may cost
-  // SDPA's backend a new plan the first time (the first eval during training on an H200 took
-  // 13.7 s against 2.4 s for the second, bench/RESULTS.md).
-  used = std::min(capacity_, (used + kUsedBucket - 1) / kUsedBucket * kUsedBucket);
+  used = cached_keys(used, capacity_);  // the slots past a row's length are masked zeros
   auto on_dev = [&](const std::vector<int64_t>& v) { return at::tensor(v, at::kLong).to(dev); };
   at::Tensor ids = at::tensor(flat, at::kLong);
   at::Tensor pos = at::tensor(slot, at::kLong);
@@ -143,25 +153,11 @@ TargetCache::Step TargetCache::extend(const std::vector<std::vector<int64_t>>& t
       return ops::varlen_causal_attention(q, k, v, cu, cu_dev, n_max, scale);
     };
   } else {
-    // The attention runs over the active rows padded with idle ones to a power of two (within
-    // the rows), in row order: as rows finish, a decode then meets log2(rows) + 1 batch sizes
-    // instead of one per count of active rows (each new shape may cost SDPA's backend a plan;
-    // see kUsedBucket). An idle row's queries are all padding.
-    int64_t A = 1;
-    while (A < int64_t(act.size())) A *= 2;
-    A = std::min(A, rows_);
-    std::vector<int64_t> att;  // the attended rows, ascending
+    // The attention runs over attended_rows(act): the active rows and idle ones whose queries
+    // are all padding.
+    const std::vector<int64_t> att = attended_rows(act, rows_);
+    const int64_t A = int64_t(att.size());
     {
-      std::vector<char> on(rows_, 0);
-      for (int64_t b : act) on[b] = 1;
-      int64_t idle = A - int64_t(act.size());  // idle rows to add
-      for (int64_t b = 0; b < rows_; ++b) {
-        if (!on[b]) {
-          if (idle == 0) continue;
-          --idle;
-        }
-        att.push_back(b);
-      }
       std::vector<int64_t> at_of(rows_, -1);
       for (int64_t a = 0; a < A; ++a) at_of[att[a]] = a;
       for (size_t t = 0; t < arow_of.size(); ++t) arow_of[t] = at_of[row_of[t]];

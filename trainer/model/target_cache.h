@@ -45,6 +45,18 @@ namespace dflash::model {
 
 class HybridRecurrentCache;
 
+// The shapes of a cached attention during decoding (TargetCache::extend; the eval's draft cache,
+// trainer/eval/draft.h). Each new shape may cost SDPA's backend a plan the first time (the first
+// eval during training on an H200 took 13.7 s against 2.4 s for the second: bench/RESULTS.md), so
+// both caches read few of them; the extra slots and rows are masked or dropped and hold zeros
+// (the invariant below).
+//   cached_keys: `n` keys rounded up to a multiple of 64, at most `capacity`;
+//   attended_rows: the rows in `active` (rows of 0 .. rows - 1, none twice) with the first idle
+//     rows added up to a power of two (at most `rows`), ascending: log2(rows) + 1 batch sizes as
+//     rows finish instead of one per count of active rows.
+int64_t cached_keys(int64_t n, int64_t capacity);
+std::vector<int64_t> attended_rows(const std::vector<int64_t>& active, int64_t rows);
+
 class TargetCache {
  public:
   // `rows` independent sequences of up to `capacity` tokens each; `capture_ids`: the decoder

@@ -88,7 +88,6 @@ struct EnvKnob {
 EnvKnob g_rule{kDeltaNetSolveEnv, {"auto", "inverse", "trsm", "recurrent"}};
 EnvKnob g_tf32{kDeltaNetTf32Env, {"0", "1"}}, g_fused{kDeltaNetFusedEnv, {"auto", "0", "1"}};
 
-bool use_trsm() { return g_rule.get() == 1 + int(DeltaNetRule::Trsm); }
 std::atomic<DeltaNetSectionHook> g_hook{nullptr};
 
 void section(const char* name) {
@@ -194,7 +193,7 @@ std::pair<at::Tensor, at::Tensor> chunked_heads_first(at::Tensor q, at::Tensor k
   // (I + strictly_lower(ut))^-1 applied to beta v and to the decayed beta k (the UT transform).
   section("chunk_inverse");
   at::Tensor u, w;
-  if (use_trsm()) {
+  if (deltanet_rule(q.device()) == DeltaNetRule::Trsm) {
     u = at::linalg_solve_triangular(ut, v_beta, /*upper=*/false, /*left=*/true, /*unitriangular=*/true);
     w = at::linalg_solve_triangular(ut, k_beta * ecum, false, true, true);
   } else {  // one inverse for both right-hand sides: batched small trsm is slow on CUDA
