@@ -4,8 +4,9 @@ without TensorBoard; `tensorboard --logdir runs/` shows the same numbers live).
 
   python tools/plot_metrics.py runs/demo [runs/other ...] --out curves.png
 
-Each argument is a run directory (its metrics.jsonl is read) or a metrics.jsonl file; runs are
-labelled by their directory name. Panels: loss, accuracy (and per block offset for a single run),
+Each argument is a run directory (its metrics.jsonl is read) or a metrics file, optionally as
+LABEL=PATH; without a label a run is named by its directory, or by the file's name when it is not
+metrics.jsonl (metrics_main.jsonl -> main). Panels: loss, accuracy (and per block offset for a single run),
 tau (tau_est, the training estimate of served tau; its plain block mean, which overstates it;
 and, when the run evaluated during training, the served tau at the step each evaluation
 measured, from the metrics records and the run's eval.jsonl), throughput (drafter and target tokens/s). The x axis is the optimizer step; a step logged twice (a resumed run)
@@ -109,6 +110,16 @@ def plot(runs: Dict[str, List[dict]], out: str, title: str = "",
     os.replace(tmp, out)
 
 
+def run_name(path: str) -> str:
+    """A run's label: its directory for a metrics.jsonl, else the file's name without the
+    metrics_ prefix and the extension (bench/gpu/quality.sh copies runs as metrics_<run>.jsonl)."""
+    base = os.path.basename(path)
+    if base == "metrics.jsonl":
+        return os.path.basename(os.path.dirname(os.path.abspath(path))) or path
+    stem = base[: -len(".jsonl")] if base.endswith(".jsonl") else base
+    return stem[len("metrics_"):] if stem.startswith("metrics_") and len(stem) > 8 else stem
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("runs", nargs="+", help="run directories or metrics.jsonl files")
@@ -118,11 +129,14 @@ def main(argv=None) -> int:
     runs: Dict[str, List[dict]] = {}
     evals: Dict[str, Dict[int, float]] = {}
     for r in a.runs:
+        label = None
+        if "=" in r and not os.path.exists(r):
+            label, r = r.split("=", 1)
         path = os.path.join(r, "metrics.jsonl") if os.path.isdir(r) else r
         if not os.path.isfile(path):
             print(f"plot_metrics: error: {path} does not exist", file=sys.stderr)
             return 2
-        name = os.path.basename(os.path.dirname(os.path.abspath(path))) or path
+        name = label or run_name(path)
         while name in runs:
             name += "'"
         recs = read_metrics(path)

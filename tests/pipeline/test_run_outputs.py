@@ -172,6 +172,21 @@ def test_plot_metrics_draws_the_run(run, tmp_path):
     assert r.returncode == 2 and "does not exist" in r.stderr
 
 
+def test_plot_metrics_names_runs(run, tmp_path):
+    # Two copies in one folder (as quality.sh leaves them) are named by their files, a LABEL= wins,
+    # and a run directory by its directory; the names are what the console line prints.
+    src = os.path.join(run["dir"], "metrics.jsonl")
+    for n in ("metrics_main.jsonl", "metrics_ablation.jsonl"):
+        shutil.copy(src, tmp_path / n)
+    tool = os.path.join(SRC, "tools", "plot_metrics.py")
+    r = subprocess.run([sys.executable, tool, str(tmp_path / "metrics_main.jsonl"), str(tmp_path / "metrics_ablation.jsonl"),
+                        "5 layers=" + src, run["dir"], "--out", str(tmp_path / "c.png")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    base = os.path.basename(run["dir"])
+    assert f"main (" in r.stdout and "ablation (" in r.stdout and "5 layers (" in r.stdout and f" {base} (" in r.stdout, r.stdout
+
+
 def test_export_loads_with_automodel(run):
     import torch
     from safetensors.torch import load_file
