@@ -174,7 +174,11 @@ int main(int argc, char** argv) {
   }
   // The optimizer of training (trainer/roles/drafter_role.cpp): fp32 masters, clip 1.0.
   std::unique_ptr<optim::AdamW> opt_ptr;
-  if (with_opt) opt_ptr = std::make_unique<optim::AdamW>(drafter.named_parameters(), optim::AdamWOptions{});
+  if (with_opt) {
+    opt_ptr = std::make_unique<optim::AdamW>(drafter.named_parameters(), optim::AdamWOptions{});
+    std::printf("optimizer: %s AdamW (%s)\n", opt_ptr->fused() ? "fused multi-tensor" : "single-tensor",
+                optim::kOptimFusedEnv);
+  }
   std::fflush(stdout);
 
   // Most important first (a time budget may cut the tail): the bar case (largest S and B,

@@ -28,8 +28,14 @@ timeout 150 "$BUILD/bench/drafter_bench" --seq 3072 --rows 4 --anchors 512 --att
   --iters 5 --warmup 2 > "$OUT/drafter_step_4x3072.txt" 2>&1 || rc=1
 timeout 200 "$BUILD/bench/drafter_bench" --seq 40000 --rows 1 --anchors 2048 --attention kernel,sdpa --optimizer \
   --iters 3 --warmup 1 > "$OUT/drafter_step_1x40000.txt" 2>&1 || rc=1
+# the same recipe-shape step with the single-tensor AdamW (the fused one is the GPU default): its opt ms beside
+DFLASH_OPTIM_FUSED=0 timeout 100 "$BUILD/bench/drafter_bench" --seq 3072 --rows 4 --anchors 512 --attention kernel --optimizer \
+  --iters 5 --warmup 2 > "$OUT/drafter_step_4x3072_single_adamw.txt" 2>&1 || rc=1
+grep -h "^optimizer:" "$OUT/drafter_step_4x3072.txt" | tee -a "$SUMMARY"
 grep -h "^|" "$OUT/drafter_step_4x3072.txt" | head -2 | tee -a "$SUMMARY"
 grep -h "^| [0-9]" "$OUT/drafter_step_4x3072.txt" "$OUT/drafter_step_1x40000.txt" | tee -a "$SUMMARY"
+echo "single-tensor AdamW (DFLASH_OPTIM_FUSED=0):" | tee -a "$SUMMARY"
+grep -h "^| [0-9]" "$OUT/drafter_step_4x3072_single_adamw.txt" | tee -a "$SUMMARY"
 
 # 2. the target part alone at the pipeline's shape
 timeout 120 "$BUILD/bench/target_bench" forward --shapes 4x3072 --iters 5 --json "$OUT/target_4x3072.json" \

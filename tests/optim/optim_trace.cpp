@@ -68,6 +68,7 @@ int main(int argc, char** argv) {
   for (auto& [k, v] : opt->state()) out.emplace_back("state." + k, v);
   out.emplace_back("norm", norms);
   out.emplace_back("lr", lrs);
+  out.emplace_back("fused", at::full({1}, opt->fused() ? 1 : 0, at::kLong));  // which update ran (DFLASH_OPTIM_FUSED)
   st::save(argv[2], out, {{"steps_done", std::to_string(opt->steps())}});
   return 0;
 }

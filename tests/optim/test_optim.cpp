@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <string>
 
 #include "core/error.h"
 #include "trainer/optim/adamw.h"
@@ -78,10 +79,22 @@ TEST(AdamW, LoadStateThatDoesNotFitNamesTheTensors) {
   }
 }
 
-TEST(AdamW, ClipScalesToMaxNormAndSkipsParamsWithoutGrad) {
+// Both updates (DFLASH_OPTIM_FUSED=0: single-tensor, 1: the multi-tensor fused one).
+class AdamWBoth : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override { setenv(dflash::optim::kOptimFusedEnv, GetParam(), 1); }
+  void TearDown() override { unsetenv(dflash::optim::kOptimFusedEnv); }
+};
+INSTANTIATE_TEST_SUITE_P(Update, AdamWBoth, ::testing::Values("0", "1"),
+                         [](const ::testing::TestParamInfo<const char*>& i) {
+                           return std::string(i.param) == "1" ? "fused" : "single";
+                         });
+
+TEST_P(AdamWBoth, ClipScalesToMaxNormAndSkipsParamsWithoutGrad) {
   NamedTensors p = {{"a", at::zeros({4}).set_requires_grad(true)}, {"b", at::zeros({4}).set_requires_grad(true)}};
   p[0].second.mutable_grad() = at::full({4}, 3.0);  // norm 6
   AdamW a(p, {0.9, 0.999, 1e-8, 0.0});
+  EXPECT_EQ(a.fused(), std::string(GetParam()) == "1");
   EXPECT_NEAR(a.grad_norm(), 6.0, 1e-6);
   double n = a.step(0.1, 1.0);
   EXPECT_NEAR(n, 6.0, 1e-6);
@@ -90,4 +103,22 @@ TEST(AdamW, ClipScalesToMaxNormAndSkipsParamsWithoutGrad) {
   EXPECT_EQ(p[1].second.abs().sum().item<float>(), 0.0f);
   // The gradient itself was clipped in place (fp32 parameter): norm 1.
   EXPECT_NEAR(at::linalg_vector_norm(p[0].second.grad(), 2).item<float>(), 1.0f, 1e-5);
+}
+
+TEST_P(AdamWBoth, Bf16ParametersAreTheirMastersRoundedAndNoGradMeansNoStep) {
+  NamedTensors p = {{"w", at::full({3}, 1.0, at::kBFloat16).set_requires_grad(true)},
+                    {"x", at::full({2}, 2.0, at::kBFloat16).set_requires_grad(true)}};
+  p[0].second.mutable_grad() = at::full({3}, 0.5, at::kBFloat16);
+  AdamW a(p, {0.9, 0.999, 1e-8, 0.1});
+  a.step(1e-2, 0.0);
+  const NamedTensors st = a.state();
+  const at::Tensor* master = nullptr;
+  for (const auto& [k, v] : st)
+    if (k == "master.w") master = &v;
+  ASSERT_NE(master, nullptr);
+  // decay then one Adam step of ~lr: 1 * (1 - 1e-3) - 1e-2
+  EXPECT_NEAR((*master)[0].item<double>(), 1.0 - 1e-3 - 1e-2, 1e-6);
+  EXPECT_TRUE(at::equal(p[0].second, master->to(at::kBFloat16)));
+  EXPECT_TRUE(at::equal(p[1].second, at::full({2}, 2.0, at::kBFloat16)));  // no gradient: untouched
+  EXPECT_EQ(a.steps(), 1);
 }

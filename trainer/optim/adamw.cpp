@@ -9,6 +9,7 @@
 #include <fmt/ranges.h>
 
 #include "core/error.h"
+#include "core/parse.h"
 
 namespace dflash::optim {
 namespace {
@@ -31,6 +32,18 @@ AdamW::AdamW(NamedTensors params, AdamWOptions opt) : params_(std::move(params))
     s.exp_avg_sq = at::zeros_like(s.master);
     slots_.push_back(std::move(s));
   }
+  const std::string fused = env_choice(kOptimFusedEnv, "auto", {"auto", "0", "1"});
+  bool all_cuda = !params_.empty();
+  for (const auto& [name, p] : params_) all_cuda = all_cuda && p.is_cuda();
+  fused_ = fused == "1" || (fused == "auto" && all_cuda);
+  if (fused_ && !params_.empty()) {
+    const at::Device dev = params_.front().second.device();
+    for (const auto& [name, p] : params_)
+      if (p.device() != dev)
+        throw_user("{}=1: the fused AdamW needs every parameter on one device; {} is on {}, {} on {}", kOptimFusedEnv,
+                   params_.front().first, dev.str(), name, p.device().str());
+    step_count_ = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(dev));
+  }
 }
 
 double AdamW::grad_norm() const {
@@ -44,26 +57,43 @@ double AdamW::grad_norm() const {
 double AdamW::step(double lr, double max_norm) {
   at::NoGradGuard ng;
   // fp32 gradients (a copy for low-precision parameters, the gradient itself for fp32 ones:
-  // clipping then scales it in place, as torch does).
+  // clipping then scales it in place, as torch does); undefined where a parameter has none.
   std::vector<at::Tensor> grads(params_.size());
-  std::vector<at::Tensor> norms;
+  std::vector<at::Tensor> present;
   for (size_t i = 0; i < params_.size(); ++i) {
     const at::Tensor& g = params_[i].second.grad();
     if (!g.defined()) continue;
     grads[i] = g.scalar_type() == at::kFloat ? g : g.to(at::kFloat);
-    norms.push_back(at::linalg_vector_norm(grads[i], 2));
+    present.push_back(grads[i]);
   }
-  double total_norm = 0.0;
-  if (!norms.empty()) {
-    at::Tensor total = at::linalg_vector_norm(at::stack(norms), 2);
-    total_norm = total.item<double>();
+  at::Tensor total;
+  if (!present.empty()) {
+    std::vector<at::Tensor> norms;
+    if (fused_) {
+      norms = at::_foreach_norm(present, 2);
+    } else {
+      for (const at::Tensor& g : present) norms.push_back(at::linalg_vector_norm(g, 2));
+    }
+    total = at::linalg_vector_norm(at::stack(norms), 2);
     if (max_norm > 0) {
       at::Tensor coef = at::clamp_max(max_norm / (total + 1e-6), 1.0);
-      for (auto& g : grads)
-        if (g.defined()) g.mul_(coef);
+      if (fused_) {
+        at::_foreach_mul_(present, coef);
+      } else {
+        for (auto& g : present) g.mul_(coef);
+      }
     }
   }
   ++steps_;
+  if (fused_) update_fused(grads, lr);
+  else update_single(grads, lr);
+  // The step's one host read (the caller logs the norm and stops on a non-finite one), after the
+  // update is queued (it reads the clip coefficient on the device): the device is not idle while
+  // the host waits. A non-finite norm has reached the weights either way, as in torch.
+  return total.defined() ? total.item<double>() : 0.0;
+}
+
+void AdamW::update_single(const std::vector<at::Tensor>& grads, double lr) {
   const double b1 = opt_.beta1, b2 = opt_.beta2;
   const double bc1 = 1.0 - std::pow(b1, static_cast<double>(steps_));
   const double bc2 = 1.0 - std::pow(b2, static_cast<double>(steps_));
@@ -80,7 +110,30 @@ double AdamW::step(double lr, double max_norm) {
     s.master.addcdiv_(s.exp_avg, denom, -step_size);
     if (s.separate_master) params_[i].second.detach().copy_(s.master);
   }
-  return total_norm;
+}
+
+void AdamW::update_fused(const std::vector<at::Tensor>& grads, double lr) {
+  std::vector<at::Tensor> masters, g, m, v, dst, src;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!grads[i].defined()) continue;
+    Slot& s = slots_[i];
+    masters.push_back(s.master);
+    g.push_back(grads[i]);
+    m.push_back(s.exp_avg);
+    v.push_back(s.exp_avg_sq);
+    if (s.separate_master) {
+      dst.push_back(params_[i].second.detach());
+      src.push_back(s.master);
+    }
+  }
+  if (masters.empty()) return;
+  // The kernel reads the step (already counted) for its bias corrections; one scalar serves
+  // every tensor (read only). fill_ with a host value queues a kernel: no host sync.
+  step_count_.fill_(static_cast<double>(steps_));
+  const std::vector<at::Tensor> steps(masters.size(), step_count_);
+  at::_fused_adamw_(masters, g, m, v, /*max_exp_avg_sqs=*/{}, steps, lr, opt_.beta1, opt_.beta2, opt_.weight_decay,
+                    opt_.eps, /*amsgrad=*/false, /*maximize=*/false);
+  if (!dst.empty()) at::_foreach_copy_(dst, src);
 }
 
 void AdamW::zero_grad() {

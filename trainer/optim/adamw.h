@@ -10,6 +10,15 @@
 // Gradients are taken in fp32 (a copy of a bf16 gradient), clipped like
 // torch.nn.utils.clip_grad_norm_ (coef = max_norm/(norm+1e-6), clamped to 1), then applied.
 // Gradient averaging across drafter ranks and accumulation are the caller's (roles/).
+// Two implementations of the same update (DFLASH_OPTIM_FUSED=auto|0|1, read at construction;
+// auto: fused when every parameter is on a CUDA device):
+//   - single-tensor: the ATen ops above, one tensor at a time (~10 passes over each tensor);
+//     bit for bit torch.optim.AdamW(foreach=False) + clip_grad_norm_(foreach=False) on CPU;
+//   - fused: the gradient norms as one _foreach_norm, the clip as one _foreach_mul_ by a device
+//     scalar, the update as ATen's multi-tensor _fused_adamw_ over the fp32 masters (the kernel
+//     torch.optim.AdamW(fused=True) runs: one pass reading g, m, v, master), the bf16 copies as
+//     one _foreach_copy_. The same arithmetic in another order: within ~1e-7 relative of the
+//     single-tensor form per step (tests/optim/test_optim_reference.py runs both).
 // Thread-safety: one thread; the parameters must not be used concurrently with step().
 #pragma once
 
@@ -23,6 +32,8 @@
 namespace dflash::optim {
 
 using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+inline constexpr const char* kOptimFusedEnv = "DFLASH_OPTIM_FUSED";
 
 struct AdamWOptions {
   double beta1 = 0.9;
@@ -45,6 +56,7 @@ class AdamW {
   void zero_grad();
 
   int64_t steps() const { return steps_; }
+  bool fused() const { return fused_; }
   const NamedTensors& params() const { return params_; }
   const AdamWOptions& options() const { return opt_; }
 
@@ -61,10 +73,15 @@ class AdamW {
     at::Tensor exp_avg, exp_avg_sq;
     bool separate_master = false;
   };
+  void update_single(const std::vector<at::Tensor>& grads, double lr);
+  void update_fused(const std::vector<at::Tensor>& grads, double lr);
+
   NamedTensors params_;
   std::vector<Slot> slots_;
   AdamWOptions opt_;
   int64_t steps_ = 0;
+  bool fused_ = false;
+  at::Tensor step_count_;  // fused: the step as a float32 scalar on the parameters' device
 };
 
 // The learning rate at 0-based optimizer step s (DFLASH.md §3):
