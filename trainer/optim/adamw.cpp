@@ -32,16 +32,21 @@ AdamW::AdamW(NamedTensors params, AdamWOptions opt) : params_(std::move(params))
     s.exp_avg_sq = at::zeros_like(s.master);
     slots_.push_back(std::move(s));
   }
+  // auto: fused when every parameter is on one CUDA device; 1: fused wherever they are, on one device.
   const std::string fused = env_choice(kOptimFusedEnv, "auto", {"auto", "0", "1"});
-  bool all_cuda = !params_.empty();
-  for (const auto& [name, p] : params_) all_cuda = all_cuda && p.is_cuda();
-  fused_ = fused == "1" || (fused == "auto" && all_cuda);
-  if (fused_ && !params_.empty()) {
-    const at::Device dev = params_.front().second.device();
-    for (const auto& [name, p] : params_)
-      if (p.device() != dev)
+  bool one_device = !params_.empty(), all_cuda = !params_.empty();
+  for (const auto& [name, p] : params_) {
+    all_cuda = all_cuda && p.is_cuda();
+    if (p.device() != params_.front().second.device()) {
+      one_device = false;
+      if (fused == "1")
         throw_user("{}=1: the fused AdamW needs every parameter on one device; {} is on {}, {} on {}", kOptimFusedEnv,
-                   params_.front().first, dev.str(), name, p.device().str());
+                   params_.front().first, params_.front().second.device().str(), name, p.device().str());
+    }
+  }
+  fused_ = one_device && (fused == "1" || (fused == "auto" && all_cuda));
+  if (fused_) {
+    const at::Device dev = params_.front().second.device();
     step_count_ = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(dev));
   }
 }
