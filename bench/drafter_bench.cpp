@@ -15,6 +15,8 @@
 //                 [--attention sdpa,kernel] (the main case's paths, in this order; default sdpa,
 //                  and kernel too with --full; kernel where it is not built prints "not built")
 //                 [--optimizer] (adds AdamW: clip + update of fp32 masters, as training does)
+//                 [--profile] (one more step of the first case under the Kineto profiler: device
+//                  kernel time by kind of work and the top kernels, bench/profile_step.h)
 //                 [--smoke] (tiny shapes on the CPU: checks that the program runs)
 #include <chrono>
 #include <cstdio>
@@ -30,6 +32,7 @@
 #endif
 
 #include "attention/dflash_attention.h"
+#include "bench/profile_step.h"
 #include "attention/reference.h"
 #include "core/device.h"
 #include "core/error.h"
@@ -78,7 +81,7 @@ std::string name_of(const Case& c) {
 int main(int argc, char** argv) {
   std::vector<int64_t> seqs = {2048, 3072}, rows = {1, 2, 4};
   int64_t anchors = 512, iters = 5, warmup = 2;
-  bool full = false, smoke = false, with_opt = false;
+  bool full = false, smoke = false, with_opt = false, profile = false;
   std::vector<std::string> paths;
   double budget_s = 0;
   try {
@@ -97,6 +100,7 @@ int main(int argc, char** argv) {
       else if (a == "--budget-s") budget_s = std::stod(next());
       else if (a == "--smoke") smoke = true;
       else if (a == "--optimizer") with_opt = true;
+      else if (a == "--profile") profile = true;
       else if (a == "--attention") {
         const std::string v = next();
         for (size_t p = 0; p <= v.size();) {
@@ -165,19 +169,19 @@ int main(int argc, char** argv) {
               (long)spec.intermediate_size, (long)L, (long)V, (long)K, (long)anchors, (long)bs);
   std::printf("bf16 matmul %ldx%ldx%ld: %.1f TFLOP/s (MFU denominator)\n\n", (long)(cuda ? 8192 : 256),
               (long)(cuda ? 8192 : 256), (long)(cuda ? 8192 : 256), mm);
-  if (with_opt) {
-    std::printf("| S | B | attention / loss | fwd ms | bwd ms | opt ms | step ms | draft pos/s | target tok/s | TFLOP/s | MFU | peak GiB |\n");
-    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
-  } else {
-    std::printf("| S | B | attention / loss | fwd ms | bwd ms | total ms | draft pos/s | target tok/s | TFLOP/s | MFU | peak GiB |\n");
-    std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
-  }
   // The optimizer of training (trainer/roles/drafter_role.cpp): fp32 masters, clip 1.0.
   std::unique_ptr<optim::AdamW> opt_ptr;
   if (with_opt) {
     opt_ptr = std::make_unique<optim::AdamW>(drafter.named_parameters(), optim::AdamWOptions{});
     std::printf("optimizer: %s AdamW (%s)\n", opt_ptr->fused() ? "fused multi-tensor" : "single-tensor",
                 optim::kOptimFusedEnv);
+  }
+  if (with_opt) {
+    std::printf("| S | B | attention / loss | fwd ms | bwd ms | opt ms | step ms | draft pos/s | target tok/s | TFLOP/s | MFU | peak GiB |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  } else {
+    std::printf("| S | B | attention / loss | fwd ms | bwd ms | total ms | draft pos/s | target tok/s | TFLOP/s | MFU | peak GiB |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
   }
   std::fflush(stdout);
 
@@ -209,6 +213,7 @@ int main(int argc, char** argv) {
     cases.push_back({Smax, rows.front(), false, g0, ref});
   }
   const auto t_start = Clock::now();
+  std::string profile_text;  // printed after the table
 
   for (const auto& c : cases) {
     if (budget_s > 0 && std::chrono::duration<double>(Clock::now() - t_start).count() > budget_s) {
@@ -280,6 +285,31 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
       continue;
     }
+    if (profile && profile_text.empty()) {
+      // One more step of this case (the first that ran: the bar case) under the profiler.
+      double wall_ms = 0;
+      try {
+        auto blocks = sample_blocks(batch.loss_mask, {}, ao);
+        device::sync(dev);
+        std::vector<bench::ProfiledOp> ops = bench::profile_ops([&] {
+          auto t0 = Clock::now();
+          auto out = drafter.forward_blocks(batch, blocks, opt);
+          out.loss.backward();
+          if (opt_ptr) {
+            opt_ptr->step(1e-6, 1.0);
+            opt_ptr->zero_grad();
+          }
+          device::sync(dev);
+          wall_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+        }, cuda);
+        for (auto& p : drafter.parameters()) p.mutable_grad().reset();
+        profile_text = bench::format_profile(bench::summarize(std::move(ops), 15), wall_ms,
+                                             fmt::format("profile of one step, {} x {} {}{}", c.B, c.S, name_of(c),
+                                                         opt_ptr ? " + AdamW" : ""));
+      } catch (const std::exception& e) {
+        profile_text = fmt::format("profile: failed: {}\n", e.what());
+      }
+    }
     fwd /= iters, bwd /= iters, opt_s /= iters;
     const double tot = fwd + bwd + opt_s;  // the optimizer's FLOPs are not counted (elementwise)
     const double tf = flops / tot / 1e12;
@@ -292,5 +322,6 @@ int main(int argc, char** argv) {
                   name_of(c).c_str(), fwd * 1e3, bwd * 1e3, tot * 1e3, P / tot, c.B * c.S / tot, tf, 100 * tf / mm, peak);
     std::fflush(stdout);
   }
+  if (!profile_text.empty()) std::printf("\n%s", profile_text.c_str());
   return 0;
 }

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 15's Done-when on an H200 (one GPU; with two also the 1 + 1 pipeline), about 6 minutes:
 #   1. drafter full step, forward / backward / AdamW timed separately, kernel and SDPA, at the
-#      recipe shape 4 x 3072 with 512 anchors and the long shape 1 x 40000 with 2048 anchors
+#      recipe shape 4 x 3072 with 512 anchors (and one more kernel step there under the profiler:
+#      device time by kind of work, the top kernels) and the long shape 1 x 40000 with 2048 anchors
 #      (bench/drafter_bench --optimizer; the SDPA path may run out of memory at the long shape:
 #      the row says so);
 #   2. the target capture forward at the pipeline's batch shape 4 x 3072 (target_bench forward);
@@ -25,7 +26,7 @@ rc=0
 # 1. the drafter's full step at both shapes
 echo "## drafter full step (fwd / bwd / AdamW), kernel and sdpa" | tee -a "$SUMMARY"
 timeout 150 "$BUILD/bench/drafter_bench" --seq 3072 --rows 4 --anchors 512 --attention kernel,sdpa --optimizer \
-  --iters 5 --warmup 2 > "$OUT/drafter_step_4x3072.txt" 2>&1 || rc=1
+  --iters 5 --warmup 2 --profile > "$OUT/drafter_step_4x3072.txt" 2>&1 || rc=1
 timeout 200 "$BUILD/bench/drafter_bench" --seq 40000 --rows 1 --anchors 2048 --attention kernel,sdpa --optimizer \
   --iters 3 --warmup 1 > "$OUT/drafter_step_1x40000.txt" 2>&1 || rc=1
 # the same recipe-shape step with the single-tensor AdamW (the fused one is the GPU default): its opt ms beside
@@ -34,6 +35,7 @@ DFLASH_OPTIM_FUSED=0 timeout 100 "$BUILD/bench/drafter_bench" --seq 3072 --rows 
 grep -h "^optimizer:" "$OUT/drafter_step_4x3072.txt" | tee -a "$SUMMARY"
 grep -h "^|" "$OUT/drafter_step_4x3072.txt" | head -2 | tee -a "$SUMMARY"
 grep -h "^| [0-9]" "$OUT/drafter_step_4x3072.txt" "$OUT/drafter_step_1x40000.txt" | tee -a "$SUMMARY"
+sed -n '/^profile of one step/,$p' "$OUT/drafter_step_4x3072.txt" | tee -a "$SUMMARY"  # the kernel case, by kind of work
 echo "single-tensor AdamW (DFLASH_OPTIM_FUSED=0):" | tee -a "$SUMMARY"
 grep -h "^| [0-9]" "$OUT/drafter_step_4x3072_single_adamw.txt" | tee -a "$SUMMARY"
 
