@@ -16,7 +16,7 @@
 //                  and kernel too with --full; kernel where it is not built prints "not built")
 //                 [--optimizer] (adds AdamW: clip + update of fp32 masters, as training does)
 //                 [--profile] (one more step of the first case under the Kineto profiler: device
-//                  kernel time by kind of work and the top kernels, bench/profile_step.h)
+//                  kernel time by kind of work and the top kernels, trainer/metrics/profile.h)
 //                 [--smoke] (tiny shapes on the CPU: checks that the program runs)
 #include <chrono>
 #include <cstdio>
@@ -27,17 +27,18 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
 #ifdef DFLASH_CUDA
 #include <c10/cuda/CUDAFunctions.h>
 #endif
 
 #include "attention/dflash_attention.h"
-#include "bench/profile_step.h"
 #include "attention/reference.h"
 #include "core/device.h"
 #include "core/error.h"
 #include "core/parse.h"
 #include "trainer/model/anchors.h"
+#include "trainer/metrics/profile.h"
 #include "trainer/model/drafter.h"
 #include "trainer/optim/adamw.h"
 
@@ -291,7 +292,7 @@ int main(int argc, char** argv) {
       try {
         auto blocks = sample_blocks(batch.loss_mask, {}, ao);
         device::sync(dev);
-        std::vector<bench::ProfiledOp> ops = bench::profile_ops([&] {
+        std::vector<metrics::ProfiledOp> ops = metrics::profile_ops([&] {
           auto t0 = Clock::now();
           auto out = drafter.forward_blocks(batch, blocks, opt);
           out.loss.backward();
@@ -303,7 +304,7 @@ int main(int argc, char** argv) {
           wall_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
         }, cuda);
         for (auto& p : drafter.parameters()) p.mutable_grad().reset();
-        profile_text = bench::format_profile(bench::summarize(std::move(ops), 15), wall_ms,
+        profile_text = metrics::format_profile(metrics::summarize(std::move(ops), 15), wall_ms,
                                              fmt::format("profile of one step, {} x {} {}{}", c.B, c.S, name_of(c),
                                                          opt_ptr ? " + AdamW" : ""));
       } catch (const std::exception& e) {

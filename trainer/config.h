@@ -62,11 +62,16 @@ struct LogConfig {
   int64_t console_rank = 0;
   bool per_rank_files = false;
   int64_t interval = 10;
+  int64_t profile_start = 0;
+  int64_t profile_steps = 2;
   template <class V> void visit(V& v) {
     v("level", level, "debug, info, warn or error");
     v("console_rank", console_rank, "rank that prints to the console (-1: every rank)");
     v("per_rank_files", per_rank_files, "also write <run.dir>/logs/rank<N>.log on every rank");
     v("interval", interval, "optimizer steps between metrics lines");
+    v("profile_start", profile_start,
+      "first step that every rank profiles (host operators, CUDA kernels) into <run.dir>/profile/; 0: off");
+    v("profile_steps", profile_steps, "steps in the profiled window");
   }
 };
 

@@ -81,6 +81,8 @@ void validate_config(const Config& cfg) {
   c.one_of("log.level", cfg.log.level, {"debug", "info", "warn", "error"});
   c.int_range("log.console_rank", cfg.log.console_rank, -1, kMaxRanks - 1, "-1 (every rank) or a rank >= 0");
   c.int_range("log.interval", cfg.log.interval, 1, kMaxEvery);
+  c.int_range("log.profile_start", cfg.log.profile_start, 0, kMaxEvery, "0 (off) or a step >= 1");
+  c.int_range("log.profile_steps", cfg.log.profile_steps, 1, 1000, "a step count from 1 to 1000");
   // target
   for (size_t i = 0; i < cfg.target.layer_ids.size(); ++i)
     c.int_range(fmt::format("target.layer_ids[{}]", i), cfg.target.layer_ids[i], 0, 4095, "a layer index >= 0");

@@ -16,6 +16,7 @@
 #include "trainer/config/identity.h"
 #include "core/files.h"
 #include "trainer/model/export.h"
+#include "trainer/metrics/profile.h"
 #include "trainer/model/target.h"
 #include "trainer/roles/eval_hooks.h"
 #include "trainer/roles/preempt.h"
@@ -476,8 +477,10 @@ void run_drafter_role(const RoleContext& ctx) {
     }
   };
   post();
+  metrics::StepProfiler profiler = step_profiler(ctx, "drafter");
   for (const int64_t k : mine) {
     DFLASH_CHECK(!pending.empty() && pending.front().k == k, "drafter {}: batch {} was not posted", j, k);
+    announce_profile(profiler.begin(sched.step_of(k, p.grad_accum) + 1));
     comm::Message msg = pending.front().handle->take();  // the wait is timed by the trainer's timeline
     pending.pop_front();
     post();
@@ -486,7 +489,9 @@ void run_drafter_role(const RoleContext& ctx) {
       const int64_t s = sched.step_of(k, p.grad_accum);
       // A preemption stop skips the evaluation of the stop step: the eval rank (a target) meets
       // only before producing a later step, which it no longer does (preempt.h).
-      if (trainer.finish_step(s)) {
+      const bool stopping = trainer.finish_step(s);
+      announce_profile(stopping ? profiler.finish() : profiler.end(s + 1));
+      if (stopping) {
         DFLASH_CHECK(pending.empty(), "drafter {}: {} receives pending at the stop after step {}", j, pending.size(),
                      s + 1);
         trainer.finish_controls();
@@ -497,6 +502,7 @@ void run_drafter_role(const RoleContext& ctx) {
         if (auto r = evl->after_step(s + 1, trainer.drafter())) trainer.set_eval(r->step, r->tau, r->wall_s, false);
     }
   }
+  announce_profile(profiler.finish());
   trainer.finish_controls();
   trainer.finish_run();
   if (evl)
@@ -517,7 +523,9 @@ void run_colocated(const RoleContext& ctx) {
   metrics::Timeline& tl = trainer.timeline();
   const Schedule& sched = ctx.rank.schedule;
   const std::vector<int64_t> mine = sched.drafter_batches(0, p.start_batch, p.total_batches);
+  metrics::StepProfiler profiler = step_profiler(ctx, "colocated");
   for (const int64_t k : mine) {
+    announce_profile(profiler.begin(sched.step_of(k, p.grad_accum) + 1));
     const int64_t t0 = tl.mark();
     data::Batch b = p.data->batch(k);
     BatchMessage bm;
@@ -536,7 +544,9 @@ void run_colocated(const RoleContext& ctx) {
     trainer.train_batch(bm, t1);  // the drafter waited for nothing: its batch was ready at t1
     if (sched.closes_step(k, p.grad_accum)) {
       const int64_t s = sched.step_of(k, p.grad_accum);
-      if (trainer.finish_step(s)) {
+      const bool stopping = trainer.finish_step(s);
+      announce_profile(stopping ? profiler.finish() : profiler.end(s + 1));
+      if (stopping) {
         comm::mark_preempted(s + 1);
         return;
       }
@@ -544,6 +554,7 @@ void run_colocated(const RoleContext& ctx) {
         trainer.set_eval(r->step, r->tau, r->wall_s, s + 1 == p.total_steps);
     }
   }
+  announce_profile(profiler.finish());
   trainer.finish_run();
 }
 

@@ -18,6 +18,9 @@
 //   from the end of its previous work to the start of the batch.
 // Colocated loop: target forward and drafter step of each batch in turn; both timed on the
 //   drafter's timeline (the drafter does not wait: its batch is ready when the target is done).
+// Profiling (log.profile_start > 0): each loop opens its rank's StepProfiler before the work of
+//   a step and closes it after the window's last step (targets: at the first batch of a later
+//   step, or when their batches are sent).
 // Both sides know the exact batch count (plan.total_batches), so nobody waits for a batch that
 //   will never come; a failure on any rank ends every rank through comm's fail_fast.
 // Thread-safety: each function runs on main's thread of its rank.
@@ -29,6 +32,7 @@
 #include "comm/communicator.h"
 #include "trainer/config.h"
 #include "trainer/metrics/metrics.h"
+#include "trainer/metrics/profile.h"
 #include "trainer/metrics/timeline.h"
 #include "trainer/model/drafter.h"
 #include "trainer/optim/adamw.h"
@@ -85,6 +89,12 @@ class DrafterTrainer {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
+
+// The profiled window of log.profile_start / log.profile_steps (trainer/metrics/profile.h) for
+// this rank's loop: <run.dir>/profile/rank<N>.{trace.json,md}; announce_profile logs the line a
+// closing call returns (nothing for "").
+metrics::StepProfiler step_profiler(const RoleContext& ctx, const char* role);
+void announce_profile(const std::string& line);
 
 void run_target_role(const RoleContext& ctx);
 void run_drafter_role(const RoleContext& ctx);

@@ -9,6 +9,7 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "trainer/metrics/profile.h"
 #include "trainer/model/target.h"
 #include "trainer/roles/eval_hooks.h"
 #include "trainer/roles/preempt.h"
@@ -43,9 +44,11 @@ void run_target_role(const RoleContext& ctx) {
   size_t sent = 0;
   // Preemption (preempt.h): drafter 0's control messages tell where a signalled run stops.
   ControlReader control(*ctx.comm, sched.drafter_rank(0), p, stop_lag(ctx.cfg, p));
+  metrics::StepProfiler profiler = step_profiler(ctx, "target");
   for (const int64_t k : mine) {
     control.before_step(k / p.batches_per_step);
     if (control.stop_after() >= 0 && k >= (control.stop_after() + 1) * p.batches_per_step) break;
+    announce_profile(profiler.begin(k / p.batches_per_step + 1));  // closed by a later step's batch or below
     if (evw) evw->before_batch(k);
     const int64_t t0 = tl.mark();
     data::Batch b = p.data->batch(k);
@@ -85,6 +88,7 @@ void run_target_role(const RoleContext& ctx) {
     inflight.front().handle->wait();
     inflight.pop_front();
   }
+  announce_profile(profiler.finish());
   control.drain();
   if (control.stop_after() >= 0 && control.stop_after() + 1 < p.total_steps) {
     // no evw->finish(): the drafters skipped the evaluations from the stop step on (preempt.h)

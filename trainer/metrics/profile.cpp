@@ -1,39 +1,56 @@
-// profile_step.h: one run of a function under LibTorch's Kineto profiler, summarised by kind of
-// work (header only; used by drafter_bench --profile). On CUDA it sums the device's kernels (CUPTI:
-// our own kernels and ATen's alike) and says how much of the wall time the device was busy; on the
-// CPU it sums each operator's self time (its duration less its children's, per thread), so nested
-// operators are not counted twice.
-//
-// Kinds, by the first rule that matches the lower-cased name: attention (our attn_* kernels, flash,
-// fmha, sdpa), optimizer (adam, multi-tensor foreach kernels), matmul (gemm, cutlass, xmma, nvjet,
-// cublas; on the CPU aten::mm, addmm, bmm), loss (softmax, logsumexp, cross entropy, nll), norm,
-// reduce, views (host operators that only make a view or an empty tensor), data movement (copy,
-// cat, index, gather, scatter, fill, memcpy, memset, transpose), elementwise, other. The rules are heuristics over kernel names: the top-kernel list beside the
-// table shows what each kind holds.
-#pragma once
+#include "trainer/metrics/profile.h"
 
+#include <cstdlib>
 #include <algorithm>
+#include <cctype>
 #include <chrono>
-#include <cstdint>
-#include <functional>
 #include <map>
+#include <memory>
 #include <set>
-#include <string>
-#include <vector>
 
 #include <fmt/format.h>
 #include <torch/csrc/autograd/profiler_kineto.h>
 
-namespace dflash::bench {
+#include "core/device.h"
+#include "core/files.h"
 
-struct ProfiledOp {
-  std::string name;
-  bool device = false;  // a device activity (kernel, memcpy, memset); else a host operator
-  uint64_t start_ns = 0, end_ns = 0;
-  uint64_t thread = 0;  // host operators: the thread (self time is per thread)
-};
+namespace dflash::metrics {
+namespace {
 
-inline std::string op_kind(const std::string& name) {
+namespace prof = torch::autograd::profiler;
+using torch::profiler::impl::ActivityType;
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void enable(bool cuda) {
+  // Without a GPU, a CUDA build's Kineto still asks CUPTI for devices and logs an ERROR line
+  // ("gpuGetDeviceCount failed") that means nothing here: quiet it unless the user set a level.
+  if (!cuda) setenv("KINETO_LOG_LEVEL", "5", /*overwrite=*/0);
+  const torch::profiler::impl::ProfilerConfig cfg(torch::profiler::impl::ProfilerState::KINETO);
+  std::set<ActivityType> acts = {ActivityType::CPU};
+  if (cuda) acts.insert(ActivityType::CUDA);
+  prof::prepareProfiler(cfg, acts);
+  prof::enableProfiler(cfg, acts);
+}
+
+std::vector<ProfiledOp> ops_of(const prof::ProfilerResult& res) {
+  std::vector<ProfiledOp> ops;
+  for (const auto& e : res.events()) {
+    ProfiledOp o;
+    o.name = e.name();
+    o.device = e.deviceType() != c10::DeviceType::CPU;
+    o.start_ns = e.startNs(), o.end_ns = e.endNs();
+    o.thread = e.startThreadId();
+    ops.push_back(std::move(o));
+  }
+  return ops;
+}
+
+}  // namespace
+
+std::string op_kind(const std::string& name) {
   std::string n = name;
   std::transform(n.begin(), n.end(), n.begin(), [](unsigned char c) { return char(std::tolower(c)); });
   auto any = [&](std::initializer_list<const char*> keys) {
@@ -60,21 +77,8 @@ inline std::string op_kind(const std::string& name) {
   return "other";
 }
 
-struct ProfileRow {
-  std::string name;
-  double ms = 0;
-  int64_t count = 0;
-};
-
-struct ProfileSummary {
-  bool device = false;            // device activities summed (CUDA), else host self times
-  double busy_ms = 0;             // their sum
-  std::vector<ProfileRow> kinds;  // by op_kind, largest first
-  std::vector<ProfileRow> top;    // by name, largest first
-};
-
 // Device activities when there are any (their durations), else the host operators' self times.
-inline ProfileSummary summarize(std::vector<ProfiledOp> ops, size_t top_n) {
+ProfileSummary summarize(std::vector<ProfiledOp> ops, size_t top_n) {
   ProfileSummary s;
   s.device = std::any_of(ops.begin(), ops.end(), [](const ProfiledOp& o) { return o.device; });
   std::vector<std::pair<const ProfiledOp*, double>> timed;  // op, ms counted
@@ -121,39 +125,19 @@ inline ProfileSummary summarize(std::vector<ProfiledOp> ops, size_t top_n) {
   return s;
 }
 
-// Runs fn once under the profiler (device activities too when `cuda`); fn must leave the device
-// idle when it returns (a sync), so that every activity it launched is recorded.
-inline std::vector<ProfiledOp> profile_ops(const std::function<void()>& fn, bool cuda) {
-  namespace prof = torch::autograd::profiler;
-  using torch::profiler::impl::ActivityType;
-  const torch::profiler::impl::ProfilerConfig cfg(torch::profiler::impl::ProfilerState::KINETO);
-  std::set<ActivityType> acts = {ActivityType::CPU};
-  if (cuda) acts.insert(ActivityType::CUDA);
-  prof::prepareProfiler(cfg, acts);
-  prof::enableProfiler(cfg, acts);
+std::vector<ProfiledOp> profile_ops(const std::function<void()>& fn, bool cuda) {
+  enable(cuda);
   try {
     fn();
   } catch (...) {
     prof::disableProfiler();
     throw;
   }
-  std::unique_ptr<prof::ProfilerResult> res = prof::disableProfiler();
-  std::vector<ProfiledOp> ops;
-  for (const auto& e : res->events()) {
-    ProfiledOp o;
-    o.name = e.name();
-    o.device = e.deviceType() != c10::DeviceType::CPU;
-    o.start_ns = e.startNs(), o.end_ns = e.endNs();
-    o.thread = e.startThreadId();
-    ops.push_back(std::move(o));
-  }
-  return ops;
+  return ops_of(*prof::disableProfiler());
 }
 
-// The summary as markdown: one table by kind (ms, share of the counted time, share of wall_ms,
-// count), then the top kernels or operators (names cut to 100 characters).
-inline std::string format_profile(const ProfileSummary& s, double wall_ms, const std::string& title) {
-  std::string out = fmt::format("{}: {} {:.1f} ms in a {:.1f} ms step ({:.0f}% of the wall time)\n\n", title,
+std::string format_profile(const ProfileSummary& s, double wall_ms, const std::string& title) {
+  std::string out = fmt::format("{}: {} {:.1f} ms in {:.1f} ms ({:.0f}% of the wall time)\n\n", title,
                                 s.device ? "device kernels busy" : "host operators' self time", s.busy_ms, wall_ms,
                                 wall_ms > 0 ? 100 * s.busy_ms / wall_ms : 0.0);
   out += "| kind | ms | share | count |\n|---|---|---|---|\n";
@@ -165,10 +149,74 @@ inline std::string format_profile(const ProfileSummary& s, double wall_ms, const
     std::string n = t.name.rfind("void ", 0) == 0 ? t.name.substr(5) : t.name;
     if (n.size() > 100) n = n.substr(0, 97) + "...";
     for (char& c : n)
-      if (c == '|') c = '/';
+      if (c == '|' || c == '`') c = '/';
     out += fmt::format("| `{}` | {} | {:.2f} | {} |\n", n, op_kind(t.name), t.ms, t.count);
   }
   return out;
 }
 
-}  // namespace dflash::bench
+std::string profile_line(const ProfileSummary& s, double wall_s) {
+  std::string out = fmt::format("{} {:.0f}% of {:.2f} s", s.device ? "device busy" : "host operators",
+                                wall_s > 0 ? 100 * s.busy_ms / 1e3 / wall_s : 0.0, wall_s);
+  std::string sep = ": ";
+  for (const auto& k : s.kinds) {
+    const double share = s.busy_ms > 0 ? 100 * k.ms / s.busy_ms : 0.0;
+    if (share < 1) continue;
+    out += fmt::format("{}{} {:.0f}%", sep, k.name, share);
+    sep = ", ";
+  }
+  return out;
+}
+
+StepProfiler::StepProfiler(int64_t start, int64_t count, std::string dir, int rank, std::string role, c10::Device device)
+    : start_(start), count_(std::max<int64_t>(1, count)), dir_(std::move(dir)), role_(std::move(role)), rank_(rank),
+      device_(device) {}
+
+StepProfiler::~StepProfiler() {
+  if (active_) {
+    try {
+      prof::disableProfiler();  // an exception unwinding the loop: no files
+    } catch (...) {
+    }
+  }
+}
+
+std::string StepProfiler::begin(int64_t step) {
+  if (start_ <= 0 || done_) return "";
+  const int64_t last = start_ + count_ - 1;
+  if (active_ && step > last) return stop();
+  if (!active_ && step >= start_ && step <= last) {
+    enable(device_.is_cuda());
+    active_ = true;
+    first_ = step;
+    t0_ = now_s();
+  }
+  if (active_) last_seen_ = std::max(last_seen_, step);
+  return "";
+}
+
+std::string StepProfiler::end(int64_t step) {
+  if (active_ && step >= start_ + count_ - 1) return stop();
+  return "";
+}
+
+std::string StepProfiler::finish() { return active_ ? stop() : ""; }
+
+std::string StepProfiler::stop() {
+  device::sync(device_);  // every kernel of the window finished, so recorded
+  const double wall = now_s() - t0_;
+  std::unique_ptr<prof::ProfilerResult> res = prof::disableProfiler();
+  active_ = false, done_ = true;
+  files::make_dirs(dir_);
+  const std::string base = files::join(dir_, fmt::format("rank{}", rank_));
+  const std::string trace = base + ".trace.json", tmp = trace + ".tmp";
+  res->save(tmp);
+  files::rename_durable(tmp, trace);
+  const ProfileSummary s = summarize(ops_of(*res), 25);
+  const std::string steps = first_ == last_seen_ ? fmt::format("step {}", first_)
+                                                 : fmt::format("steps {}..{}", first_, last_seen_);
+  files::write_file_atomic(base + ".md", format_profile(s, wall * 1e3, fmt::format("rank {} ({}), {}", rank_, role_, steps)));
+  return fmt::format("profile of {} ({}): {}; {}", steps, role_, profile_line(s, wall), trace);
+}
+
+}  // namespace dflash::metrics

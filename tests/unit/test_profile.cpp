@@ -1,22 +1,22 @@
-// bench/profile_step.h: the profile summary's arithmetic on hand-built operator lists (self time
+// trainer/metrics/profile.h: the profile summary's arithmetic on hand-built operator lists (self time
 // of nested host operators per thread, device activities summed, kinds and top names) and one
 // real profiled run on the CPU.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>
 
-#include "bench/profile_step.h"
+#include "trainer/metrics/profile.h"
 
-using dflash::bench::op_kind;
-using dflash::bench::ProfiledOp;
-using dflash::bench::summarize;
+using dflash::metrics::op_kind;
+using dflash::metrics::ProfiledOp;
+using dflash::metrics::summarize;
 
 namespace {
 constexpr uint64_t ms = 1000000;
 ProfiledOp host(const char* name, uint64_t a, uint64_t b, uint64_t thread = 1) {
   return {name, false, a * ms, b * ms, thread};
 }
-double kind_ms(const dflash::bench::ProfileSummary& s, const std::string& kind) {
+double kind_ms(const dflash::metrics::ProfileSummary& s, const std::string& kind) {
   for (const auto& k : s.kinds)
     if (k.name == kind) return k.ms;
   return -1;
@@ -69,11 +69,11 @@ TEST(ProfileStep, KindsOfTypicalNames) {
 
 TEST(ProfileStep, ProfilesARealRunOnTheCpu) {
   auto a = at::randn({64, 64}), b = at::randn({64, 64});
-  auto ops = dflash::bench::profile_ops([&] { (at::mm(a, b) + 1).sum(); }, /*cuda=*/false);
+  auto ops = dflash::metrics::profile_ops([&] { (at::mm(a, b) + 1).sum(); }, /*cuda=*/false);
   auto s = summarize(ops, 5);
   EXPECT_GT(kind_ms(s, "matmul"), 0);
   EXPECT_GT(s.busy_ms, 0);
-  const std::string text = dflash::bench::format_profile(s, 2 * s.busy_ms, "t");
+  const std::string text = dflash::metrics::format_profile(s, 2 * s.busy_ms, "t");
   EXPECT_NE(text.find("| matmul |"), std::string::npos) << text;
   EXPECT_NE(text.find("(50% of the wall time)"), std::string::npos) << text;
 }
