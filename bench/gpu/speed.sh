@@ -12,6 +12,7 @@
 #      from the same run's parts, the console's tok/s and waits against this script's clock,
 #      the first-step time against this script's timing of that line, first step <= 3 s; and
 #      prints the bound of the independent benchmarks 1. and 2. beside it;
+#   3b. a short colocated run with two steps profiled (device busy share, time by kind of work);
 #   4. with 2 GPUs: the same for 1 target + 1 drafter rank against min(target, drafter).
 # Writes OUT_DIR/speed_summary.txt (every PASS/FAIL/INFO line and the tables) and the logs.
 #   bash bench/gpu/speed.sh BUILD_DIR OUT_DIR          (bash bench/gpu/run_all.sh speed)
@@ -69,6 +70,16 @@ for l in sys.stdin: print(f"{time.time():.3f} {l}", end="", flush=True)' > "$OUT
 # 3. colocated on GPU 0
 CUDA_VISIBLE_DEVICES=0 run colocated "$BUILD/trainer/dflash_rank" --config configs/debug-2gpu.yaml \
   layout.colocated=true "${common[@]}"
+# 3b. the same colocated run, short, with steps 8..9 profiled (docs/training.md "Profiling"): where
+# the GPU waits between the target and the drafter (not checked: the profiler slows its window)
+rm -rf "$WORK/run-colocated-prof"
+CUDA_VISIBLE_DEVICES=0 timeout 300 "$BUILD/trainer/dflash_rank" --config configs/debug-2gpu.yaml layout.colocated=true \
+  "${common[@]}" train.max_steps=12 log.profile_start=8 log.profile_steps=2 run.dir="$WORK/run-colocated-prof" \
+  > "$OUT/speed_colocated_prof.log" 2>&1 || rc=1
+echo "## colocated, steps 8..9 profiled" | tee -a "$SUMMARY"
+grep -h "profile of" "$OUT/speed_colocated_prof.log" | tee -a "$SUMMARY"
+cat "$WORK/run-colocated-prof/profile/rank0.md" 2>/dev/null | tee -a "$SUMMARY"
+cp "$WORK/run-colocated-prof/profile/rank0.trace.json" "$OUT/colocated_profile_trace.json" 2>/dev/null
 # 4. 1 + 1 on two GPUs
 if [ "$ngpu" -ge 2 ]; then
   run pipeline mpirun -np 2 "$BUILD/trainer/dflash_rank" --config configs/debug-2gpu.yaml "${common[@]}"
