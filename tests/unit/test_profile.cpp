@@ -64,6 +64,7 @@ TEST(ProfileStep, KindsOfTypicalNames) {
   EXPECT_EQ(op_kind("void at::native::unrolled_elementwise_kernel<direct_copy_kernel_cuda>"), "data movement");
   EXPECT_EQ(op_kind("void at::native::reduce_kernel<512, 1, ReduceOp<MeanOps>>"), "reduce");
   EXPECT_EQ(op_kind("aten::view"), "views (host)");
+  EXPECT_EQ(op_kind("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"), "communication");
   EXPECT_EQ(op_kind("MulBackward0"), "other");
 }
 

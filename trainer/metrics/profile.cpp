@@ -58,6 +58,7 @@ std::string op_kind(const std::string& name) {
       if (n.find(k) != std::string::npos) return true;
     return false;
   };
+  if (any({"nccl"})) return "communication";  // NCCL's kernels (sends, receives, all-reduce)
   if (any({"attn_", "flash", "fmha", "attention", "sdpa"})) return "attention";
   // host operators that only make a view or an empty tensor (no device work of their own)
   static const std::set<std::string> views = {"aten::view", "aten::as_strided", "aten::reshape", "aten::_reshape_alias",

@@ -5,12 +5,13 @@
 // time the device was busy; on the CPU it sums each operator's self time (its duration less its
 // children's, per thread), so nested operators are not counted twice.
 //
-// Kinds, by the first rule that matches the lower-cased name: attention (our attn_* kernels, flash,
-// fmha, sdpa), optimizer (adam, multi-tensor foreach kernels), matmul (gemm, cutlass, xmma, nvjet,
-// cublas; on the CPU aten::mm, addmm, bmm), loss (softmax, logsumexp, cross entropy, nll), norm,
-// reduce, views (host operators that only make a view or an empty tensor), data movement (copy,
-// cat, index, gather, scatter, fill, memcpy, memset, transpose), elementwise, other. The rules
-// are heuristics over kernel names: the top-kernel list beside the table shows what each holds.
+// Kinds, by the first rule that matches the lower-cased name: communication (NCCL's kernels),
+// attention (our attn_* kernels, flash, fmha, sdpa), optimizer (adam, multi-tensor foreach
+// kernels), matmul (gemm, cutlass, xmma, nvjet, cublas; on the CPU aten::mm, addmm, bmm), loss
+// (softmax, logsumexp, cross entropy, nll), norm, reduce, views (host operators that only make a
+// view or an empty tensor), data movement (copy, cat, index, gather, scatter, fill, memcpy,
+// memset, transpose), elementwise, other. The rules are heuristics over kernel names: the
+// top-kernel list beside the table shows what each kind holds.
 // Thread-safety: StepProfiler belongs to the thread that runs the rank's loop (the profiler
 // records that thread's operators and every CUDA kernel of the process).
 #pragma once
