@@ -21,12 +21,10 @@ with 8 significant digits are compared to 1e-4 relative, split.json's (one decim
 """
 import json
 import os
-import subprocess
-import time
 
 import pytest
 
-from pipeline_common import ENV, RANK_BIN, SRC, skip_without_rank_and_mpirun  # (and tools/ on sys.path)
+from pipeline_common import launch_demo, skip_without_rank_and_mpirun, tiny_run_inputs
 
 STEPS = 14
 
@@ -34,29 +32,11 @@ STEPS = 14
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory):
     skip_without_rank_and_mpirun()
-    import numpy as np
-    import dflash_shard
-    import make_tiny_target
-    root = tmp_path_factory.mktemp("speed")
-    target = make_tiny_target.make(str(root / "target"), seed=0)
-    rng = np.random.default_rng(0)
-    docs = [(rng.integers(1, 500, 64).tolist(), [0] * 8 + [1] * 56) for _ in range(160)]
-    dflash_shard.write_shard(str(root / "data.dfshard"), docs, 512)
-    return {"root": root, "target": target, "data": str(root / "data.dfshard")}
+    return tiny_run_inputs(tmp_path_factory.mktemp("speed"), 160)
 
 
 def launch(inputs, name, np_, extra):
-    run_dir = str(inputs["root"] / name)
-    o = {"run.dir": run_dir, "run.cpu_threads": 1, "target.model_dir": inputs["target"],
-         "data.shards": f"[{inputs['data']}]", "data.batch_tokens": 384, "train.max_steps": STEPS,
-         "log.interval": 1, "checkpoint.export_every": 0, "checkpoint.state_every": 0, "comm.timeout_s": 60}
-    cmd = [RANK_BIN, "--config", os.path.join(SRC, "configs", "demo.yaml")] + [f"{k}={v}" for k, v in o.items()]
-    cmd += extra
-    if np_ > 1:
-        cmd = ["mpirun", "-np", str(np_)] + cmd
-    t0 = time.monotonic()
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=ENV, cwd=SRC)
-    return r, time.monotonic() - t0, run_dir
+    return launch_demo(inputs, name, np_, STEPS, extra)
 
 
 @pytest.fixture(scope="module")

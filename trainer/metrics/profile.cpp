@@ -1,9 +1,9 @@
 #include "trainer/metrics/profile.h"
 
-#include <cstdlib>
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <set>
@@ -19,10 +19,6 @@ namespace {
 
 namespace prof = torch::autograd::profiler;
 using torch::profiler::impl::ActivityType;
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
 
 void enable(bool cuda) {
   // Without a GPU, a CUDA build's Kineto still asks CUPTI for devices and logs an ERROR line
@@ -190,7 +186,7 @@ std::string StepProfiler::begin(int64_t step) {
     enable(device_.is_cuda());
     active_ = true;
     first_ = step;
-    t0_ = now_s();
+    t0_ = std::chrono::steady_clock::now();
   }
   if (active_) last_seen_ = std::max(last_seen_, step);
   return "";
@@ -205,7 +201,7 @@ std::string StepProfiler::finish() { return active_ ? stop() : ""; }
 
 std::string StepProfiler::stop() {
   device::sync(device_);  // every kernel of the window finished, so recorded
-  const double wall = now_s() - t0_;
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
   std::unique_ptr<prof::ProfilerResult> res = prof::disableProfiler();
   active_ = false, done_ = true;
   files::make_dirs(dir_);

@@ -16,6 +16,7 @@
 // records that thread's operators and every CUDA kernel of the process).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -80,7 +81,6 @@ class StepProfiler {
   std::string begin(int64_t step);
   std::string end(int64_t step);
   std::string finish();
-  bool active() const { return active_; }
 
  private:
   std::string stop();
@@ -90,7 +90,7 @@ class StepProfiler {
   c10::Device device_;
   bool active_ = false, done_ = false;
   int64_t first_ = 0, last_seen_ = 0;
-  double t0_ = 0;
+  std::chrono::steady_clock::time_point t0_;
 };
 
 }  // namespace dflash::metrics
