@@ -102,7 +102,9 @@ std::tuple<at::Tensor, at::Tensor> forward_impl(const at::Tensor& q, const at::T
                                                 const at::Tensor& v, const at::Tensor& meta) {
   const Shapes s = validate(q, k, v, meta);
   c10::cuda::CUDAGuard guard(q.device());
-  at::Tensor o = at::empty({s.B, s.Hq, s.q_len, s.d}, q.options());
+  // O in [B, q_len, Hq, d] memory seen as [B, Hq, q_len, d]: the caller's transpose back to
+  // [B, q_len, Hq * d] (the o_proj input) is then a view, and so is its gradient's way back here.
+  at::Tensor o = at::empty({s.B, s.q_len, s.Hq, s.d}, q.options()).transpose(1, 2);
   at::Tensor lse = at::empty({s.B, s.Hq, s.q_len}, q.options().dtype(at::kFloat));
   AttnParams p = make_params(s, q, k, v, meta);
   p.o = o.data_ptr();
@@ -119,9 +121,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_impl(const at::Tensor& q
                                                              const at::Tensor& meta) {
   const Shapes s = validate(q, k, v, meta);
   c10::cuda::CUDAGuard guard(q.device());
-  at::Tensor dq = at::empty_like(q, at::MemoryFormat::Contiguous);
-  at::Tensor dk = at::empty_like(k, at::MemoryFormat::Contiguous);
-  at::Tensor dv = at::empty_like(v, at::MemoryFormat::Contiguous);
+  // The gradients in the inputs' memory layout (the drafter's q, k, v are [B, L, H, d] memory seen
+  // as [B, H, L, d]), so that the autograd graph's transposes above stay views.
+  at::Tensor dq = at::empty_like(q, at::MemoryFormat::Preserve);
+  at::Tensor dk = at::empty_like(k, at::MemoryFormat::Preserve);
+  at::Tensor dv = at::empty_like(v, at::MemoryFormat::Preserve);
   at::Tensor delta = at::empty({s.B, s.Hq, s.q_len}, q.options().dtype(at::kFloat));
   AttnParams p = make_params(s, q, k, v, meta);
   p.o = const_cast<void*>(o.data_ptr());

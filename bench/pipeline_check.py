@@ -125,8 +125,11 @@ def main():
         total, first = float(x.group(1)), float(x.group(4))
         seen = fl[0] - a.launch
         print(f"INFO {fl[1].split('] ', 1)[-1]}")
-        check(0 <= seen - total < 1.5, f"first step: {total:.2f} s after process start on the console, {seen:.2f} s "
-                                       f"after launch by this script's clock (difference < 1.5 s)")
+        # the process dates its own start from /proc (start time and uptime in 10 ms clock ticks), so
+        # its figure may run up to ~20 ms past this script's, which began before the launch
+        check(-0.05 <= seen - total < 1.5, f"first step: {total:.2f} s after process start on the console, {seen:.2f} s "
+                                           f"after launch by this script's clock (difference {seen - total:+.3f} s: "
+                                           f"-0.05 to 1.5 s)")
         check(first <= 3.0, f"first step {first:.2f} s after the weights are loaded (<= 3 s)")
     return 1 if fails else 0
 

@@ -66,6 +66,12 @@ TEST(ProfileStep, KindsOfTypicalNames) {
   EXPECT_EQ(op_kind("aten::view"), "views (host)");
   EXPECT_EQ(op_kind("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"), "communication");
   EXPECT_EQ(op_kind("MulBackward0"), "other");
+  // the project's namespace holds "flash": its kernels are classified by what they do
+  EXPECT_EQ(op_kind("void dflash::model::kernels::(anonymous namespace)::silu_mul_kernel<__nv_bfloat16, 8>"),
+            "elementwise");
+  EXPECT_EQ(op_kind("void dflash::model::kernels::(anonymous namespace)::qk_norm_rope_kernel<__nv_bfloat16>"), "norm");
+  EXPECT_EQ(op_kind("void dflash::attention::(anonymous namespace)::attn_fwd_wgmma_kernel<128>"), "attention");
+  EXPECT_EQ(op_kind("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4>>"), "attention");
 }
 
 TEST(ProfileStep, ProfilesARealRunOnTheCpu) {

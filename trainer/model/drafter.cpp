@@ -10,13 +10,38 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "core/error.h"
+#include "core/parse.h"
 #include "trainer/config.h"
 #include "trainer/model/hf_config.h"
 #include "trainer/model/loss.h"
 #include "trainer/model/target.h"
 
+#ifdef DFLASH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+
+#include "trainer/model/drafter_kernels.h"
+#include "trainer/model/target_kernels_dtype.h"
+#endif
+
 namespace dflash::model {
 namespace {
+
+// The fused CUDA kernels of drafter_kernels.h run for RoPE and SwiGLU on CUDA tensors of 16-bit
+// dtype when `fused` (the step's default: unless DFLASH_DRAFTER_FUSED=0, read once); the ATen
+// chains are the fallback and the oracle.
+bool fused_default() {
+  static const bool on = env_choice("DFLASH_DRAFTER_FUSED", "1", {"0", "1"}) == "1";
+  return on;
+}
+
+bool use_kernels(const at::Tensor& x, bool fused) {
+#ifdef DFLASH_CUDA
+  return fused && x.is_cuda() && (x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf);
+#else
+  (void)x, (void)fused;
+  return false;
+#endif
+}
 
 uint64_t fnv1a(const std::string& s, uint64_t h) {
   for (unsigned char c : s) h = (h ^ c) * 0x100000001B3ull;
@@ -47,41 +72,87 @@ at::Tensor rotate_half(const at::Tensor& x, bool transpose) {
   return transpose ? at::cat({x2, x1.neg()}, -1) : at::cat({x2.neg(), x1}, -1);
 }
 
+// x [B, L, heads, d], cos/sin [B, L, 1, d]: the kernel's rows are the B * L positions.
+at::Tensor rope_kernel(const at::Tensor& x_in, const at::Tensor& cos, const at::Tensor& sin, bool transpose) {
+#ifdef DFLASH_CUDA
+  auto x = x_in.contiguous();
+  auto c = cos.contiguous(), s = sin.contiguous();
+  DFLASH_CHECK(x.dim() == 4 && c.dim() == 4 && c.size(0) == x.size(0) && c.size(1) == x.size(1) &&
+                   c.size(3) == x.size(3) && c.scalar_type() == x.scalar_type() && s.sizes() == c.sizes(),
+               "drafter RoPE kernel: x [B, L, h, d] and cos/sin [B, L, 1, d] of x's dtype expected");
+  auto y = at::empty_like(x);
+  kernels::rope(x.data_ptr(), y.data_ptr(), x.size(0) * x.size(1), static_cast<int>(x.size(2)),
+                static_cast<int>(x.size(3)), c.data_ptr(), s.data_ptr(), transpose, kernels::dtype_of(x),
+                at::cuda::getCurrentCUDAStream());
+  return y;
+#else
+  (void)cos, (void)sin, (void)transpose;
+  return x_in;
+#endif
+}
+
 struct Rope : public torch::autograd::Function<Rope> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos,
-                            const at::Tensor& sin) {
+                            const at::Tensor& sin, bool fused) {
     ctx->save_for_backward({cos, sin});
+    ctx->saved_data["fused"] = fused;
+    if (use_kernels(x, fused) && x.size(-1) <= 512) return rope_kernel(x, cos, sin, false);
     return x * cos + rotate_half(x, false) * sin;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     auto saved = ctx->get_saved_variables();
     const auto &cos = saved[0], &sin = saved[1], &g = grads[0];
-    return {g * cos + rotate_half(g * sin, true), at::Tensor(), at::Tensor()};
+    if (use_kernels(g, ctx->saved_data["fused"].toBool()) && g.size(-1) <= 512)
+      return {rope_kernel(g, cos, sin, true), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {g * cos + rotate_half(g * sin, true), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
-at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  return Rope::apply(x, cos, sin);
-}
 
 // silu(g) * u, saving only g and u (the unfused form also keeps silu(g) for the backward).
 struct SiluMul : public torch::autograd::Function<SiluMul> {
-  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& g, const at::Tensor& u) {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& g, const at::Tensor& u,
+                            bool fused) {
     ctx->save_for_backward({g, u});
+    ctx->saved_data["fused"] = fused;
+#ifdef DFLASH_CUDA
+    if (use_kernels(g, fused) && g.sizes() == u.sizes() && g.scalar_type() == u.scalar_type()) {
+      auto gc = g.contiguous(), uc = u.contiguous();
+      auto out = at::empty_like(gc);
+      kernels::swiglu_fwd(gc.data_ptr(), uc.data_ptr(), out.data_ptr(), gc.numel(), kernels::dtype_of(gc),
+                          at::cuda::getCurrentCUDAStream());
+      return out;
+    }
+#endif
     return at::silu(g) * u;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grads) {
     auto saved = ctx->get_saved_variables();
     const auto &g = saved[0], &u = saved[1], &go = grads[0];
+#ifdef DFLASH_CUDA
+    if (use_kernels(g, ctx->saved_data["fused"].toBool()) && go.scalar_type() == g.scalar_type()) {
+      auto gc = g.contiguous(), uc = u.contiguous(), oc = go.contiguous();
+      auto dg = at::empty_like(gc), du = at::empty_like(uc);
+      kernels::swiglu_bwd(gc.data_ptr(), uc.data_ptr(), oc.data_ptr(), dg.data_ptr(), du.data_ptr(), gc.numel(),
+                          kernels::dtype_of(gc), at::cuda::getCurrentCUDAStream());
+      return {dg, du, at::Tensor()};
+    }
+#endif
     auto sig = at::sigmoid(g);
     auto dsilu = sig * (1 + g * (1 - sig));  // d/dg [g sigmoid(g)]
-    return {go * u * dsilu, go * (g * sig)};
+    return {go * u * dsilu, go * (g * sig), at::Tensor()};
   }
 };
 
 }  // namespace
+
+at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool fused) {
+  return Rope::apply(x, cos, sin, fused);
+}
+
+at::Tensor swiglu(const at::Tensor& g, const at::Tensor& u, bool fused) { return SiluMul::apply(g, u, fused); }
 
 TargetInfo target_info(const HfConfig& c) {
   TargetInfo t;
@@ -363,15 +434,15 @@ at::Tensor Drafter::hidden(const DrafterBatch& batch, const Blocks& blocks, cons
   for (const auto& L : layers_) {
     auto h = rms(x, L.in_norm, s.rms_norm_eps);
     auto q = at::linear(h, L.q).view({B, Q, hq, d});
-    q = apply_rope(rms(q, L.q_norm, s.rms_norm_eps), cos_q, sin_q).transpose(1, 2);
+    q = apply_rope(rms(q, L.q_norm, s.rms_norm_eps), cos_q, sin_q, fused_default()).transpose(1, 2);
     auto kv_in = at::cat({ctx, h}, 1);  // context first, then the block tokens
     auto k = at::linear(kv_in, L.k).view({B, S + Q, hkv, d});
-    k = apply_rope(rms(k, L.k_norm, s.rms_norm_eps), cos_k, sin_k).transpose(1, 2);
+    k = apply_rope(rms(k, L.k_norm, s.rms_norm_eps), cos_k, sin_k, fused_default()).transpose(1, 2);
     auto v = at::linear(kv_in, L.v).view({B, S + Q, hkv, d}).transpose(1, 2);
     auto o = attention::attend(q, k, v, prep).transpose(1, 2).reshape({B, Q, hq * d});
     x = x + at::linear(o, L.o);
     auto h2 = rms(x, L.post_norm, s.rms_norm_eps);
-    x = x + at::linear(SiluMul::apply(at::linear(h2, L.gate), at::linear(h2, L.up)), L.down);
+    x = x + at::linear(swiglu(at::linear(h2, L.gate), at::linear(h2, L.up), fused_default()), L.down);
   }
   return rms(x, norm_, s.rms_norm_eps);
 }

@@ -44,6 +44,13 @@ struct TargetInfo {
 // must be set).
 TargetInfo target_info(const HfConfig& cfg);
 
+// Two elementwise steps of every drafter layer, differentiable, saving only their inputs:
+// rotate-half RoPE of x [B, L, heads, d] with cos/sin [B, L, 1, d] (x's dtype), and the SwiGLU
+// gate silu(g) * u. fused: the one-pass CUDA kernels (trainer/model/drafter_kernels.h) where x is
+// a 16-bit CUDA tensor, else the ATen chains; the step uses fused unless DFLASH_DRAFTER_FUSED=0.
+at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool fused);
+at::Tensor swiglu(const at::Tensor& g, const at::Tensor& u, bool fused);
+
 // Shape and constants of a drafter; exactly the fields of the exported config.json.
 struct DrafterSpec {
   int64_t hidden_size = 0;
