@@ -8,6 +8,15 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "core/error.h"
+#include "core/parse.h"
+
+#ifdef DFLASH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "trainer/model/ce_kernels.h"
+#include "trainer/model/target_kernels_dtype.h"
+#endif
 
 namespace dflash::model {
 namespace {
@@ -63,13 +72,92 @@ at::Tensor grad_from_probs(at::Tensor& p, const at::Tensor& lab, const at::Tenso
   return at::mm(p.to(weight.scalar_type()), weight);
 }
 
+#ifdef DFLASH_CUDA
+// The CUDA kernels' path (ce_kernels.h); labels int64 and coef float32, both contiguous on
+// hidden's device (fused_linear_ce makes them so).
+namespace cuda_path {
+
+at::Tensor logits_for_kernels(const at::Tensor& h, const at::Tensor& weight) {
+  auto lf = logits_fp32(h, weight);
+  DFLASH_CHECK(lf.scalar_type() == at::kFloat && lf.stride(1) == 1,
+               "linear CE: fp32 logits with unit column stride expected");
+  return lf;
+}
+
+// g <- (softmax(lf) - onehot(lab))·coef in g's dtype (g [n, V] contiguous), then rows [c0, c0 + n)
+// of grad_h <- g @ W, written in place by the GEMM (grad_h contiguous, so the rows are too).
+void chunk_grad(const at::Tensor& lf, const at::Tensor& labels, const at::Tensor& lse, const at::Tensor& coef,
+                int64_t c0, at::Tensor& g, const at::Tensor& weight, at::Tensor& grad_h, cudaStream_t stream) {
+  const int64_t n = lf.size(0), V = lf.size(1);
+  kernels::ce_grad(lf.data_ptr<float>(), n, V, lf.stride(0), labels.data_ptr<int64_t>() + c0,
+                   lse.data_ptr<float>() + c0, coef.data_ptr<float>() + c0, g.data_ptr(), kernels::dtype_of(g), stream);
+  auto rows = grad_h.narrow(0, c0, n);
+  at::mm_out(rows, g.narrow(0, 0, n), weight);
+}
+
+// The forward over all chunks: fills lse [M] and correct [M], and grad_h when defined; returns the loss.
+at::Tensor forward(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels, const at::Tensor& coef,
+                   int64_t chunk, at::Tensor& lse, at::Tensor& correct, at::Tensor& grad_h) {
+  const c10::cuda::CUDAGuard guard(hidden.device());
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const int64_t M = hidden.size(0), V = weight.size(0);
+  auto wce = at::empty({M}, hidden.options().dtype(at::kFloat));  // coef_i · CE_i
+  at::Tensor g;
+  if (grad_h.defined()) g = at::empty({std::min(chunk, M), V}, hidden.options());
+  for (int64_t c0 = 0; c0 < M; c0 += chunk) {
+    const int64_t n = std::min(chunk, M - c0);
+    auto lf = logits_for_kernels(hidden.narrow(0, c0, n), weight);
+    kernels::ce_stats(lf.data_ptr<float>(), n, V, lf.stride(0), labels.data_ptr<int64_t>() + c0,
+                      coef.data_ptr<float>() + c0, lse.data_ptr<float>() + c0, wce.data_ptr<float>() + c0,
+                      correct.data_ptr<bool>() + c0, stream);
+    if (g.defined()) chunk_grad(lf, labels, lse, coef, c0, g, weight, grad_h, stream);
+  }
+  return wce.sum();
+}
+
+// Recompute's backward: the hidden gradient from the saved lse, with gs = coef · (incoming gradient).
+at::Tensor backward(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels, const at::Tensor& gs,
+                    const at::Tensor& lse, int64_t chunk) {
+  const c10::cuda::CUDAGuard guard(hidden.device());
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const int64_t M = hidden.size(0), V = weight.size(0);
+  auto grad_h = at::empty(hidden.sizes(), hidden.options());
+  auto g = at::empty({std::min(chunk, M), V}, hidden.options());
+  for (int64_t c0 = 0; c0 < M; c0 += chunk) {
+    const int64_t n = std::min(chunk, M - c0);
+    chunk_grad(logits_for_kernels(hidden.narrow(0, c0, n), weight), labels, lse, gs, c0, g, weight, grad_h, stream);
+  }
+  return grad_h;
+}
+
+}  // namespace cuda_path
+#endif
+
 struct FusedLinearCe : public torch::autograd::Function<FusedLinearCe> {
   static variable_list forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
-                               const at::Tensor& labels, const at::Tensor& coef, int64_t chunk, bool recompute) {
+                               const at::Tensor& labels, const at::Tensor& coef, int64_t chunk, bool recompute,
+                               bool cuda_kernels) {
     const int64_t M = hidden.size(0);
-    auto loss = at::zeros({}, hidden.options().dtype(at::kFloat));
     auto correct = at::empty({M}, labels.options().dtype(at::kBool));
     const bool want_grad = hidden.requires_grad();
+    ctx->saved_data["chunk"] = chunk;
+    ctx->saved_data["recompute"] = recompute;
+    ctx->saved_data["cuda_kernels"] = cuda_kernels;
+#ifdef DFLASH_CUDA
+    if (cuda_kernels) {
+      at::Tensor grad_h;
+      if (want_grad && !recompute) grad_h = at::empty(hidden.sizes(), hidden.options());  // contiguous
+      auto lse = at::empty({M}, hidden.options().dtype(at::kFloat));
+      auto loss = cuda_path::forward(hidden, weight, labels, coef, chunk, lse, correct, grad_h);
+      if (recompute)
+        ctx->save_for_backward({hidden, weight, labels, coef, lse});
+      else
+        ctx->save_for_backward({grad_h});
+      ctx->mark_non_differentiable({correct});
+      return {loss, correct};
+    }
+#endif
+    auto loss = at::zeros({}, hidden.options().dtype(at::kFloat));
     at::Tensor grad_h, lse;
     if (want_grad && !recompute) grad_h = at::empty_like(hidden);
     if (want_grad && recompute) lse = at::empty({M}, hidden.options().dtype(at::kFloat));
@@ -83,8 +171,6 @@ struct FusedLinearCe : public torch::autograd::Function<FusedLinearCe> {
       if (grad_h.defined()) grad_h.narrow(0, c0, n).copy_(grad_from_probs(s.expd, lab, s.scale * cf, cf, weight));
       if (lse.defined()) lse.narrow(0, c0, n).copy_(s.lse);
     }
-    ctx->saved_data["chunk"] = chunk;
-    ctx->saved_data["recompute"] = recompute;
     if (recompute)
       ctx->save_for_backward({hidden, weight, labels, coef, lse});
     else
@@ -103,8 +189,13 @@ struct FusedLinearCe : public torch::autograd::Function<FusedLinearCe> {
       const int64_t chunk = ctx->saved_data["chunk"].toInt();
       auto hidden = saved[0], weight = saved[1], labels = saved[2], coef = saved[3], lse = saved[4];
       const int64_t M = hidden.size(0);
+      auto gs = coef * g.to(at::kFloat);  // on the device: no host read of g
+#ifdef DFLASH_CUDA
+      if (ctx->saved_data["cuda_kernels"].toBool())
+        return {cuda_path::backward(hidden, weight, labels, gs, lse, chunk), at::Tensor(), at::Tensor(), at::Tensor(),
+                at::Tensor(), at::Tensor(), at::Tensor()};
+#endif
       grad_h = at::empty_like(hidden);
-      auto gs = coef * g.to(at::kFloat);
       for (int64_t c0 = 0; c0 < M; c0 += chunk) {
         const int64_t n = std::min(chunk, M - c0);
         auto lab = labels.narrow(0, c0, n);
@@ -114,7 +205,7 @@ struct FusedLinearCe : public torch::autograd::Function<FusedLinearCe> {
         grad_h.narrow(0, c0, n).copy_(grad_from_probs(p, lab, gsc, gsc, weight));  // p is already softmax
       }
     }
-    return {grad_h, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad_h, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -127,14 +218,45 @@ void check_ce_args(const at::Tensor& hidden, const at::Tensor& weight, const at:
   DFLASH_CHECK(hidden.scalar_type() == weight.scalar_type(), "linear CE: hidden and weight dtypes differ");
 }
 
+// DFLASH_CE_FUSED, read at the first call.
+bool cuda_kernels_enabled() {
+  static const bool on = env_choice(kCeFusedEnv, "1", {"0", "1"}) == "1";
+  return on;
+}
+
 }  // namespace
 
+bool ce_cuda_available(const at::Tensor& hidden) {
+#ifdef DFLASH_CUDA
+  return hidden.is_cuda() && (hidden.scalar_type() == at::kBFloat16 || hidden.scalar_type() == at::kHalf);
+#else
+  (void)hidden;
+  return false;
+#endif
+}
+
 CeResult fused_linear_ce(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
-                         const at::Tensor& coef, int64_t chunk, CeMode mode) {
+                         const at::Tensor& coef, int64_t chunk, CeMode mode, CeImpl impl) {
   check_ce_args(hidden, weight, labels, coef);
   DFLASH_CHECK(chunk > 0, "linear CE: chunk must be > 0");
-  auto out = FusedLinearCe::apply(hidden, weight.detach(), labels, coef.to(at::kFloat), chunk,
-                                  mode == CeMode::Recompute);
+  const bool cuda_kernels =
+      impl == CeImpl::Cuda || (impl == CeImpl::Auto && ce_cuda_available(hidden) && cuda_kernels_enabled());
+  if (!cuda_kernels) {
+    auto out = FusedLinearCe::apply(hidden, weight.detach(), labels, coef.to(at::kFloat), chunk,
+                                    mode == CeMode::Recompute, false);
+    return {out[0], out[1]};
+  }
+  DFLASH_CHECK(ce_cuda_available(hidden),
+               "linear CE: the CUDA kernels need bf16/fp16 hidden states on a GPU, got {} on {}",
+               c10::toString(hidden.scalar_type()), hidden.device().str());
+  DFLASH_CHECK(weight.device() == hidden.device() && labels.device() == hidden.device() &&
+                   coef.device() == hidden.device(),
+               "linear CE: weight, labels and coef must be on the hidden states' device {}", hidden.device().str());
+  DFLASH_CHECK(labels.scalar_type() == at::kLong, "linear CE: labels must be int64");
+  DFLASH_CHECK(weight.size(0) >= 1 && weight.size(0) <= (int64_t(1) << 27), "linear CE: vocabulary {} out of range",
+               weight.size(0));
+  auto out = FusedLinearCe::apply(hidden, weight.detach(), labels.contiguous(), coef.to(at::kFloat).contiguous(), chunk,
+                                  mode == CeMode::Recompute, true);
   return {out[0], out[1]};
 }
 

@@ -14,6 +14,14 @@
 // incoming scalar gradient. Recompute saves the hidden states and the log-sum-exp instead and
 // recomputes each chunk's logits in the backward (2 more LM-head matmuls). Both hold at most one
 // chunk of logits (in fp32) at a time.
+// Per chunk the logits are one fp32 GEMM (bf16/fp16 inputs, fp32 output on CUDA). On CUDA with
+// bf16/fp16 hidden states the work between that GEMM and the gradient GEMM is two kernels
+// (model/ce_kernels.h): one read of the logits for lse, the weighted CE and argmax == label (ties:
+// the smallest index, as torch.max), one read that writes (softmax - onehot)·coef in the hidden
+// dtype, which the GEMM g @ W turns into the chunk's rows of the hidden gradient in place; no
+// host read. Elsewhere (CPU, fp32), or with DFLASH_CE_FUSED=0 (read once; docs/environment.md),
+// the same quantities come from ATen ops (the two agree within float32 rounding of the sums:
+// tests/drafter/test_ce_gpu.cpp).
 // τ (acceptance length estimate): per kept block with a label at offset 1, accepted = the
 // number of leading offsets k = 1, 2, ... whose position has a label (w > 0) and whose argmax is
 // right (the walk stops at the first miss or the first unlabelled position, e.g. the document's
@@ -38,15 +46,26 @@ namespace dflash::model {
 
 enum class CeMode { GradInForward, Recompute };
 
+// The per-chunk elementwise work of fused_linear_ce. Auto: the CUDA kernels where available
+// (ce_cuda_available) unless DFLASH_CE_FUSED=0, else ATen; Aten: always the ATen ops; Cuda:
+// always the CUDA kernels (a check failure where not available). For tests and benchmarks.
+enum class CeImpl { Auto, Aten, Cuda };
+
+inline constexpr const char* kCeFusedEnv = "DFLASH_CE_FUSED";
+
+// Whether the CUDA kernels can serve these hidden states: a CUDA build, a CUDA tensor, bf16 or fp16.
+bool ce_cuda_available(const at::Tensor& hidden);
+
 struct CeResult {
   at::Tensor loss;     // scalar float32, differentiable w.r.t. hidden
   at::Tensor correct;  // [M] bool: argmax == label (no gradient)
 };
 
 // hidden [M, H] (any float dtype), weight [V, H] (same dtype, frozen), labels [M] int64,
-// coef [M] float32. chunk > 0.
+// coef [M] float32. chunk > 0. labels and coef on hidden's device.
 CeResult fused_linear_ce(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
-                         const at::Tensor& coef, int64_t chunk, CeMode mode = CeMode::GradInForward);
+                         const at::Tensor& coef, int64_t chunk, CeMode mode = CeMode::GradInForward,
+                         CeImpl impl = CeImpl::Auto);
 
 // The same numbers with full logits and autograd (memory: M x V floats).
 CeResult plain_linear_ce(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& labels,
