@@ -12,6 +12,7 @@
 
 #include <cmath>
 
+#include "core/device.h"
 #include "core/error.h"
 
 namespace dflash::attention {
@@ -194,9 +195,10 @@ at::Tensor kernel_prepare_meta(const MaskSpec& spec, at::Device device) {
   if (kv_len >= (int64_t(1) << 30)) throw_user("attention mask: {} keys is too many for the kernel", kv_len);
   c10::cuda::CUDAGuard guard(device);
   auto opt = at::TensorOptions().device(device);
-  at::Tensor cb = spec.ctx_begin.to(opt.dtype(at::kInt)).contiguous();
-  at::Tensor ce = spec.ctx_end.to(opt.dtype(at::kInt)).contiguous();
-  at::Tensor keep = spec.keep.to(opt.dtype(at::kByte)).contiguous();
+  // uploads that do not wait for the step's queued work (the spec is usually on the host)
+  at::Tensor cb = device::to_device(spec.ctx_begin.to(at::kInt), device).contiguous();
+  at::Tensor ce = device::to_device(spec.ctx_end.to(at::kInt), device).contiguous();
+  at::Tensor keep = device::to_device(spec.keep.to(at::kByte), device).contiguous();
   at::Tensor meta = at::empty({kernel_meta_numel(B, q_len, kv_len)}, opt.dtype(at::kInt));
   MetaParams mp;
   mp.ctx_begin = cb.data_ptr<int32_t>();

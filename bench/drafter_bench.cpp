@@ -1,9 +1,11 @@
 // Drafter training-step benchmark (forward + backward; with --optimizer also the AdamW step over
-// fp32 masters, timed separately: the full step) with Qwen3-8B drafter shapes:
+// fp32 masters: the full step) with Qwen3-8B drafter shapes:
 // H 4096, 32/8 heads, head_dim 128, intermediate 12288, 5 layers, vocab 151936, K = 5 target
 // layers, 512 anchors per sequence, block size 16. Prints one table row per case: time (forward,
-// backward, total), drafted positions/s, target tokens/s, model TFLOP/s, MFU against a bf16
-// matmul measured in the same run, and peak memory.
+// backward, AdamW: the stream's time between marks of a step that runs as in training, without a
+// sync between its parts; the step: host wall time from an idle device to the end of the update,
+// block sampling included), drafted positions/s, target tokens/s, model TFLOP/s, MFU against a
+// bf16 matmul measured in the same run, and peak memory.
 //
 // FLOPs (notes/performance.md, no recomputation counted), P = drafted positions (B x N x 16):
 //   draft layers 6 x L x 192.94M x P; frozen lm_head 4 x 622.33M x P; context tokens
@@ -17,7 +19,10 @@
 //                 [--optimizer] (adds AdamW: clip + update of fp32 masters, as training does)
 //                 [--profile] (one more step of the first case under the Kineto profiler: device
 //                  kernel time by kind of work and the top kernels, trainer/metrics/profile.h)
+//                 [--profile-trace FILE] (with --profile: that step's Chrome trace, to find where
+//                  the device waits)
 //                 [--smoke] (tiny shapes on the CPU: checks that the program runs)
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -39,6 +44,7 @@
 #include "core/parse.h"
 #include "trainer/model/anchors.h"
 #include "trainer/metrics/profile.h"
+#include "trainer/metrics/timeline.h"
 #include "trainer/model/drafter.h"
 #include "trainer/optim/adamw.h"
 
@@ -83,6 +89,7 @@ int main(int argc, char** argv) {
   std::vector<int64_t> seqs = {2048, 3072}, rows = {1, 2, 4};
   int64_t anchors = 512, iters = 5, warmup = 2;
   bool full = false, smoke = false, with_opt = false, profile = false;
+  std::string profile_trace;
   std::vector<std::string> paths;
   double budget_s = 0;
   try {
@@ -102,6 +109,7 @@ int main(int argc, char** argv) {
       else if (a == "--smoke") smoke = true;
       else if (a == "--optimizer") with_opt = true;
       else if (a == "--profile") profile = true;
+      else if (a == "--profile-trace") profile_trace = next();
       else if (a == "--attention") {
         const std::string v = next();
         for (size_t p = 0; p <= v.size();) {
@@ -233,40 +241,58 @@ int main(int argc, char** argv) {
     opt.attention = c.backend;
     opt.num_anchors = anchors;
     opt.loss_chunk = c.fused ? 2048 : 0;
+    opt.defer_metrics = true;  // as the trainer: read after the backward is queued
     AnchorOptions ao;
     ao.block_size = bs;
     ao.num_anchors = anchors;
-    double fwd = 0, bwd = 0, opt_s = 0, peak = 0;
+    double fwd = 0, bwd = 0, opt_s = 0, wall = 0, peak = 0;
+    // One step as the trainer runs it: no sync between its parts (the loss and metrics are read
+    // once the backward is queued, the gradient norm once AdamW is); returns the stream marks
+    // before it, after the forward, after the backward and after the update. The parts' times are
+    // the stream's between marks, the step's the host's wall time from an idle device (block
+    // sampling included) to the end of the update.
+    metrics::Timeline tl(dev);
+    auto one_step = [&](int64_t it) {
+      std::array<int64_t, 4> m{};
+      batch.global_batch_index = it;
+      ao.batch_index = it;
+      m[0] = tl.mark();
+      auto blocks = sample_blocks(batch.loss_mask, {}, ao);
+      auto out = drafter.forward_blocks(batch, blocks, opt);
+      m[1] = tl.mark();
+      out.loss.backward();
+      m[2] = tl.mark();
+      out.finish();
+      if (opt_ptr) {
+        opt_ptr->step(1e-6, 1.0);  // a tiny lr: the weights stay what the FLOP count assumes
+        opt_ptr->zero_grad();
+      }
+      m[3] = tl.mark();
+      return m;
+    };
     double flops = 0, P = 0;
     std::string err;
     try {
       device::empty_cache(dev);
       device::reset_peak(dev);
       for (int64_t it = 0; it < warmup + iters; ++it) {
-        batch.global_batch_index = it;
-        ao.batch_index = it;
-        auto blocks = sample_blocks(batch.loss_mask, {}, ao);
         device::sync(dev);
         auto t0 = Clock::now();
-        auto out = drafter.forward_blocks(batch, blocks, opt);
+        const std::array<int64_t, 4> m = one_step(it);
+        const int64_t m0 = m[0], m1 = m[1], m2 = m[2], m3 = m[3];
         device::sync(dev);
-        auto t1 = Clock::now();
-        out.loss.backward();
-        device::sync(dev);
-        auto t2 = Clock::now();
-        if (opt_ptr) {
-          opt_ptr->step(1e-6, 1.0);  // a tiny lr: the weights stay what the FLOP count assumes
-          opt_ptr->zero_grad();
-          device::sync(dev);
-        }
         auto t3 = Clock::now();
         for (auto& p : drafter.parameters()) p.mutable_grad().reset();
         if (it >= warmup) {
-          fwd += std::chrono::duration<double>(t1 - t0).count();
-          bwd += std::chrono::duration<double>(t2 - t1).count();
-          opt_s += std::chrono::duration<double>(t3 - t2).count();
+          fwd += tl.seconds(m0, m1);
+          bwd += tl.seconds(m1, m2);
+          opt_s += tl.seconds(m2, m3);
+          wall += std::chrono::duration<double>(t3 - t0).count();
         }
+        tl.drop_before(m3 + 1);
         if (it == 0) {  // FLOPs of this anchor set (the same count every step up to the anchors)
+          ao.batch_index = it;
+          auto blocks = sample_blocks(batch.loss_mask, {}, ao);
           auto keep = blocks.keep.to(at::kDouble);
           auto vis = ((blocks.anchor - blocks.doc_begin).to(at::kDouble) + bs) * bs * keep;
           const double pairs = vis.sum().item<double>();
@@ -290,19 +316,13 @@ int main(int argc, char** argv) {
       // One more step of this case (the first that ran: the bar case) under the profiler.
       double wall_ms = 0;
       try {
-        auto blocks = sample_blocks(batch.loss_mask, {}, ao);
         device::sync(dev);
         std::vector<metrics::ProfiledOp> ops = metrics::profile_ops([&] {
           auto t0 = Clock::now();
-          auto out = drafter.forward_blocks(batch, blocks, opt);
-          out.loss.backward();
-          if (opt_ptr) {
-            opt_ptr->step(1e-6, 1.0);
-            opt_ptr->zero_grad();
-          }
+          one_step(warmup + iters);
           device::sync(dev);
           wall_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-        }, cuda);
+        }, cuda, profile_trace);
         for (auto& p : drafter.parameters()) p.mutable_grad().reset();
         profile_text = metrics::format_profile(metrics::summarize(std::move(ops), 15), wall_ms,
                                              fmt::format("profile of one step, {} x {} {}{}", c.B, c.S, name_of(c),
@@ -311,8 +331,8 @@ int main(int argc, char** argv) {
         profile_text = fmt::format("profile: failed: {}\n", e.what());
       }
     }
-    fwd /= iters, bwd /= iters, opt_s /= iters;
-    const double tot = fwd + bwd + opt_s;  // the optimizer's FLOPs are not counted (elementwise)
+    fwd /= iters, bwd /= iters, opt_s /= iters, wall /= iters;
+    const double tot = wall;  // the optimizer's FLOPs are not counted (elementwise)
     const double tf = flops / tot / 1e12;
     if (with_opt)
       std::printf("| %ld | %ld | %s | %.1f | %.1f | %.1f | %.1f | %.0f | %.0f | %.1f | %.1f%% | %.1f |\n", (long)c.S,

@@ -28,6 +28,13 @@ double peak_memory_gib(const c10::Device& d) {
   return peak_rss_gib();
 }
 
+at::Tensor to_device(const at::Tensor& t, const c10::Device& d) {
+#ifdef DFLASH_CUDA
+  if (d.is_cuda() && t.is_cpu()) return t.contiguous().pin_memory().to(d, /*non_blocking=*/true);
+#endif
+  return t.to(d);
+}
+
 void reset_peak(const c10::Device& d) {
 #ifdef DFLASH_CUDA
   if (d.is_cuda()) c10::cuda::CUDACachingAllocator::resetPeakStats(d.index());

@@ -1,11 +1,13 @@
 // Device helpers shared by the roles, the benchmarks and the tools: a full device sync (for
-// honest host timings) and memory statistics, the same on CPU and CUDA.
+// honest host timings), memory statistics, and host-to-device uploads that do not wait for the
+// device, the same on CPU and CUDA.
 //
 // Owns nothing. On CPU, sync is a no-op and the peak is the process's peak resident set
 // (VmHWM); on CUDA it is the caching allocator's peak of allocated bytes on that device.
 // Thread-safety: stateless; the CUDA calls are safe from any thread.
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
 namespace dflash::device {
@@ -20,5 +22,11 @@ void reset_peak(const c10::Device& d);
 void empty_cache(const c10::Device& d);
 // The process's peak resident set size in GiB (VmHWM of /proc/self/status; 0 if unknown).
 double peak_rss_gib();
+// t on `d`. A CPU tensor bound for a CUDA device goes through pinned memory and an asynchronous
+// copy on the current stream, so the host does not wait for the work queued before it (a copy
+// from pageable memory waits for the whole stream first: a sync in the middle of a step); the
+// pinned block stays reserved until the copy is done (LibTorch's host allocator records it).
+// Otherwise t.to(d).
+at::Tensor to_device(const at::Tensor& t, const c10::Device& d);
 
 }  // namespace dflash::device

@@ -26,7 +26,8 @@ step() {  # NAME ENV... -- drafter_bench args
 }
 B="$BUILD/bench/drafter_bench"
 echo "| S | B | attention / loss | fwd ms | bwd ms | opt ms | step ms | draft pos/s | target tok/s | TFLOP/s | MFU | peak GiB |"
-step fused_4x3072 timeout 100 "$B" --seq 3072 --rows 4 --anchors 512 --attention kernel --optimizer --iters 5 --warmup 2 --profile
+step fused_4x3072 timeout 100 "$B" --seq 3072 --rows 4 --anchors 512 --attention kernel --optimizer --iters 5 --warmup 2 --profile \
+  --profile-trace "$OUT/fused_4x3072.trace.json"
 step unfused_4x3072 DFLASH_DRAFTER_FUSED=0 DFLASH_CE_FUSED=0 timeout 100 "$B" --seq 3072 --rows 4 --anchors 512 \
   --attention kernel --optimizer --iters 5 --warmup 2 --profile
 step fused_1x40000 timeout 120 "$B" --seq 40000 --rows 1 --anchors 2048 --attention kernel --optimizer --iters 3 --warmup 1

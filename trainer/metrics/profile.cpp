@@ -124,7 +124,7 @@ ProfileSummary summarize(std::vector<ProfiledOp> ops, size_t top_n) {
   return s;
 }
 
-std::vector<ProfiledOp> profile_ops(const std::function<void()>& fn, bool cuda) {
+std::vector<ProfiledOp> profile_ops(const std::function<void()>& fn, bool cuda, const std::string& trace_path) {
   enable(cuda);
   try {
     fn();
@@ -132,7 +132,12 @@ std::vector<ProfiledOp> profile_ops(const std::function<void()>& fn, bool cuda) 
     prof::disableProfiler();
     throw;
   }
-  return ops_of(*prof::disableProfiler());
+  std::unique_ptr<prof::ProfilerResult> res = prof::disableProfiler();
+  if (!trace_path.empty()) {
+    res->save(trace_path + ".tmp");
+    files::rename_durable(trace_path + ".tmp", trace_path);
+  }
+  return ops_of(*res);
 }
 
 std::string format_profile(const ProfileSummary& s, double wall_ms, const std::string& title) {

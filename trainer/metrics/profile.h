@@ -53,8 +53,9 @@ struct ProfileSummary {
 ProfileSummary summarize(std::vector<ProfiledOp> ops, size_t top_n);
 
 // Runs fn once under the profiler (device activities too when `cuda`); fn must leave the device
-// idle when it returns (a sync), so that every activity it launched is recorded.
-std::vector<ProfiledOp> profile_ops(const std::function<void()>& fn, bool cuda);
+// idle when it returns (a sync), so that every activity it launched is recorded. trace_path
+// non-empty: the Chrome trace is written there too (through a temporary file).
+std::vector<ProfiledOp> profile_ops(const std::function<void()>& fn, bool cuda, const std::string& trace_path = "");
 
 // The summary as markdown: one table by kind (ms, share of the counted time, share of wall_ms,
 // count), then the top kernels or operators (names cut to 100 characters).

@@ -9,6 +9,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include "core/device.h"
 #include "core/error.h"
 #include "core/parse.h"
 #include "trainer/config.h"
@@ -424,9 +425,10 @@ at::Tensor Drafter::hidden(const DrafterBatch& batch, const Blocks& blocks, cons
   ms.block_size = bs;
   auto prep = attention::prepare(ms, backend, dtype_, device_);
 
-  auto ids = in.input_ids.to(device_);
-  auto qpos = in.positions.to(device_);
-  auto kvpos = at::cat({in.ctx_positions.to(device_), qpos}, 1);  // [B, S + Q]
+  // host inputs uploaded without waiting for the fc GEMM queued above
+  auto ids = device::to_device(in.input_ids, device_);
+  auto qpos = device::to_device(in.positions, device_);
+  auto kvpos = at::cat({device::to_device(in.ctx_positions, device_), qpos}, 1);  // [B, S + Q]
   auto [cos_q, sin_q] = rope_tables(qpos, d, s.rope_theta, dtype_);
   auto [cos_k, sin_k] = rope_tables(kvpos, d, s.rope_theta, dtype_);
 
@@ -466,11 +468,11 @@ StepOutput Drafter::forward_blocks(const DrafterBatch& batch, const Blocks& bloc
   const int64_t bs = spec_.block_size;
   const double gamma = resolve_gamma(bs, opt.gamma);
   auto in = build_block_inputs(batch.ids, batch.loss_mask, batch.docs, blocks, spec_.mask_token_id);
-  auto h = hidden(batch, blocks, in, opt.attention);  // [B, Q, H]
-  const int64_t B = h.size(0), Q = h.size(1), N = Q / bs;
+  const int64_t B = in.weight.size(0), Q = in.weight.size(1), N = Q / bs;
 
   // Loss positions: w > 0 only (offset 0, dropped blocks, past the document end, prompt tokens
-  // carry no loss and never reach the LM head).
+  // carry no loss and never reach the LM head). Host work, uploaded before the forward is queued,
+  // so that nothing below waits for the device.
   auto w = in.weight.reshape({-1});                                              // CPU float
   auto wd = (in.weight.to(at::kDouble) * decay(bs, gamma).to(at::kDouble).repeat({N}).view({1, Q})).reshape({-1});
   auto sel = w.gt(0).nonzero().squeeze(1);                                       // CPU int64
@@ -478,25 +480,35 @@ StepOutput Drafter::forward_blocks(const DrafterBatch& batch, const Blocks& bloc
   out.weight_sum = wd.sum().item<double>();
   out.n_tokens = sel.size(0);
   out.n_blocks = blocks.keep.sum().item<int64_t>();
-  auto coef = (wd.index_select(0, sel) / (out.weight_sum + 1e-6)).to(at::kFloat).to(device_);
-  auto labels = in.labels.reshape({-1}).index_select(0, sel).to(device_);
-  auto hs = h.reshape({B * Q, h.size(2)}).index_select(0, sel.to(device_));
+  auto coef = device::to_device((wd.index_select(0, sel) / (out.weight_sum + 1e-6)).to(at::kFloat), device_);
+  auto labels = device::to_device(in.labels.reshape({-1}).index_select(0, sel), device_);
+  auto sel_dev = device::to_device(sel, device_);
+
+  auto h = hidden(batch, blocks, in, opt.attention);  // [B, Q, H]
+  auto hs = h.reshape({B * Q, h.size(2)}).index_select(0, sel_dev);
   DFLASH_CHECK(opt.loss_chunk >= 0, "StepOptions::loss_chunk = {}, expected > 0 (fused) or 0 (plain)", opt.loss_chunk);
   CeResult ce = opt.loss_chunk > 0 ? fused_linear_ce(hs, lm_head_, labels, coef, opt.loss_chunk,
                                                      opt.recompute_loss ? CeMode::Recompute : CeMode::GradInForward)
                                    : plain_linear_ce(hs, lm_head_, labels, coef);
   out.loss = ce.loss;
-  out.loss_value = ce.loss.detach().item<double>();
-
-  auto correct = at::zeros({B * Q}, at::kBool);
-  correct.index_put_({sel}, ce.correct.to(at::kCPU));
-  auto m = block_metrics(correct.view({B, N, bs}), w.gt(0).view({B, N, bs}));
-  out.correct_per_pos = std::move(m.correct_per_pos);
-  out.count_per_pos = std::move(m.count_per_pos);
-  out.tau_sum = m.tau_sum;
-  out.tau_inv_sum = m.tau_inv_sum;
-  out.tau_blocks = m.tau_blocks;
+  out.pending = {ce.correct, sel, w.gt(0), B, N, bs};
+  if (!opt.defer_metrics) out.finish();
   return out;
+}
+
+void StepOutput::finish() {
+  if (!pending.correct.defined()) return;
+  loss_value = loss.detach().item<double>();
+  const Pending p = std::move(pending);
+  pending = Pending{};
+  auto correct = at::zeros({p.B * p.N * p.bs}, at::kBool);
+  correct.index_put_({p.sel}, p.correct.to(at::kCPU));
+  auto m = block_metrics(correct.view({p.B, p.N, p.bs}), p.valid.view({p.B, p.N, p.bs}));
+  correct_per_pos = std::move(m.correct_per_pos);
+  count_per_pos = std::move(m.count_per_pos);
+  tau_sum = m.tau_sum;
+  tau_inv_sum = m.tau_inv_sum;
+  tau_blocks = m.tau_blocks;
 }
 
 }  // namespace dflash::model

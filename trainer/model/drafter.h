@@ -111,6 +111,11 @@ struct StepOptions {
   int64_t loss_chunk = 2048;
   int64_t min_blocks = 0;     // pad N to at least this (steady shapes)
   bool recompute_loss = false;  // fused CE: recompute logits in the backward (loss.h CeMode)
+  // The host reads of the step (the loss value, the per-position metrics) left to
+  // StepOutput::finish(), which the caller runs once the backward is queued: forward() then
+  // returns without waiting for the device, and the device never idles between forward and
+  // backward while the host computes metrics. false: forward() calls finish() itself.
+  bool defer_metrics = false;
 };
 
 // Result of one batch. The sums are what data-parallel ranks all-reduce.
@@ -126,6 +131,16 @@ struct StepOutput {
   int64_t tau_blocks = 0;
   double loss_value = 0;       // loss.item(), for logging
   double accuracy() const;      // Σ correct / Σ count
+  // Fills loss_value and the per-position/τ fields from the device (waits for the loss and the
+  // argmax of every position); once, a no-op afterwards (StepOptions::defer_metrics).
+  void finish();
+
+  // What finish() reads: argmax == label per loss position (device), the positions (host int64
+  // into the [B * N * bs] block grid), which grid positions carry a label, and the grid's shape.
+  struct Pending {
+    at::Tensor correct, sel, valid;
+    int64_t B = 0, N = 0, bs = 0;
+  } pending;
 };
 
 class Drafter {

@@ -64,14 +64,26 @@ double AdamW::step(double lr, double max_norm) {
   // fp32 gradients (a copy for low-precision parameters, the gradient itself for fp32 ones:
   // clipping then scales it in place, as torch does); undefined where a parameter has none.
   std::vector<at::Tensor> grads(params_.size());
-  std::vector<at::Tensor> present;
+  std::vector<at::Tensor> present, copy_dst, copy_src;
+  if (fused_ && grad32_.size() != params_.size()) grad32_.resize(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
     const at::Tensor& g = params_[i].second.grad();
     if (!g.defined()) continue;
-    grads[i] = g.scalar_type() == at::kFloat ? g : g.to(at::kFloat);
+    if (g.scalar_type() == at::kFloat) {
+      grads[i] = g;
+    } else if (fused_) {  // one multi-tensor copy below
+      at::Tensor& b = grad32_[i];
+      if (!b.defined() || b.sizes() != g.sizes()) b = at::empty(g.sizes(), g.options().dtype(at::kFloat));
+      copy_dst.push_back(b);
+      copy_src.push_back(g);
+      grads[i] = b;
+    } else {
+      grads[i] = g.to(at::kFloat);
+    }
     present.push_back(grads[i]);
   }
-  at::Tensor total;
+  if (!copy_dst.empty()) at::_foreach_copy_(copy_dst, copy_src);
+  at::Tensor total, grad_scale;
   if (!present.empty()) {
     std::vector<at::Tensor> norms;
     if (fused_) {
@@ -83,14 +95,14 @@ double AdamW::step(double lr, double max_norm) {
     if (max_norm > 0) {
       at::Tensor coef = at::clamp_max(max_norm / (total + 1e-6), 1.0);
       if (fused_) {
-        at::_foreach_mul_(present, coef);
+        grad_scale = coef.reciprocal();  // the fused update divides each gradient by it
       } else {
         for (auto& g : present) g.mul_(coef);
       }
     }
   }
   ++steps_;
-  if (fused_) update_fused(grads, lr);
+  if (fused_) update_fused(grads, lr, grad_scale);
   else update_single(grads, lr);
   // The step's one host read (the caller logs the norm and stops on a non-finite one), after the
   // update is queued (it reads the clip coefficient on the device): the device is not idle while
@@ -117,7 +129,7 @@ void AdamW::update_single(const std::vector<at::Tensor>& grads, double lr) {
   }
 }
 
-void AdamW::update_fused(const std::vector<at::Tensor>& grads, double lr) {
+void AdamW::update_fused(const std::vector<at::Tensor>& grads, double lr, const at::Tensor& grad_scale) {
   std::vector<at::Tensor> masters, g, m, v, dst, src;
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!grads[i].defined()) continue;
@@ -137,7 +149,8 @@ void AdamW::update_fused(const std::vector<at::Tensor>& grads, double lr) {
   step_count_.fill_(static_cast<double>(steps_));
   const std::vector<at::Tensor> steps(masters.size(), step_count_);
   at::_fused_adamw_(masters, g, m, v, /*max_exp_avg_sqs=*/{}, steps, lr, opt_.beta1, opt_.beta2, opt_.weight_decay,
-                    opt_.eps, /*amsgrad=*/false, /*maximize=*/false);
+                    opt_.eps, /*amsgrad=*/false, /*maximize=*/false,
+                    grad_scale.defined() ? std::optional<at::Tensor>(grad_scale) : std::nullopt);
   if (!dst.empty()) at::_foreach_copy_(dst, src);
 }
 

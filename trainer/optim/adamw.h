@@ -14,11 +14,12 @@
 // auto: fused when every parameter is on a CUDA device):
 //   - single-tensor: the ATen ops above, one tensor at a time (~10 passes over each tensor);
 //     bit for bit torch.optim.AdamW(foreach=False) + clip_grad_norm_(foreach=False) on CPU;
-//   - fused: the gradient norms as one _foreach_norm, the clip as one _foreach_mul_ by a device
-//     scalar, the update as ATen's multi-tensor _fused_adamw_ over the fp32 masters (the kernel
-//     torch.optim.AdamW(fused=True) runs: one pass reading g, m, v, master), the bf16 copies as
-//     one _foreach_copy_. The same arithmetic in another order: within ~1e-7 relative of the
-//     single-tensor form per step (tests/optim/test_optim_reference.py runs both).
+//   - fused: the fp32 gradients as one _foreach_copy_ into buffers kept across steps, their norms
+//     as one _foreach_norm, the update as ATen's multi-tensor _fused_adamw_ over the fp32 masters
+//     (the kernel torch.optim.AdamW(fused=True) runs: one pass reading g, m, v, master) with the
+//     clip folded in as its gradient scale (g / (1/coef), a device scalar: no pass of its own), the
+//     bf16 copies as one _foreach_copy_. The same arithmetic in another order: within ~1e-7
+//     relative of the single-tensor form per step (tests/optim/test_optim_reference.py runs both).
 // Thread-safety: one thread; the parameters must not be used concurrently with step().
 #pragma once
 
@@ -74,7 +75,7 @@ class AdamW {
     bool separate_master = false;
   };
   void update_single(const std::vector<at::Tensor>& grads, double lr);
-  void update_fused(const std::vector<at::Tensor>& grads, double lr);
+  void update_fused(const std::vector<at::Tensor>& grads, double lr, const at::Tensor& grad_scale);
 
   NamedTensors params_;
   std::vector<Slot> slots_;
@@ -82,6 +83,7 @@ class AdamW {
   int64_t steps_ = 0;
   bool fused_ = false;
   at::Tensor step_count_;  // fused: the step as a float32 scalar on the parameters' device
+  std::vector<at::Tensor> grad32_;  // fused: fp32 copies of the low-precision gradients, per parameter
 };
 
 // The learning rate at 0-based optimizer step s (DFLASH.md §3):

@@ -198,6 +198,7 @@ DrafterTrainer::DrafterTrainer(const RoleContext& ctx, int64_t drafter_index, in
   m.sopt.seed = static_cast<uint64_t>(m.cfg.run.seed);
   m.sopt.gamma = p.gamma;
   m.sopt.loss_chunk = m.cfg.drafter.loss_chunk;
+  m.sopt.defer_metrics = true;  // read after the backward is queued (train_batch)
   const bool console_elsewhere = m.cfg.log.console_rank >= 0 && m.cfg.log.console_rank != world_rank;
   m.mlog = std::make_unique<metrics::MetricsLog>(m.cfg.run.dir, m.leader(), console_elsewhere);
   int64_t n_params = 0;
@@ -224,6 +225,10 @@ void DrafterTrainer::train_batch(const BatchMessage& b, int64_t ready) {
   model::DrafterBatch db = make_rows(ids, b.loss_mask, b.cu_seqlens, b.features, m.cfg.data.max_seq_len);
   db.global_batch_index = k;
   model::StepOutput out = m.drafter->forward(db, m.sopt);
+  (out.loss / static_cast<double>(m.p.grad_accum)).backward();
+  // The loss and metrics come back once the backward is queued (the device stays busy meanwhile);
+  // a non-finite loss still stops the run before the optimizer touches the weights.
+  out.finish();
   if (!std::isfinite(out.loss_value)) {
     const int64_t s = k / m.p.batches_per_step;
     throw_user("drafter {}: the loss is {} at step {} (batch {}); likely causes: train.lr {:g} too high (this "
@@ -231,7 +236,6 @@ void DrafterTrainer::train_batch(const BatchMessage& b, int64_t ready) {
                "run stops: resume from the last state with a lower train.lr",
                m.j, out.loss_value, s + 1, k, m.cfg.train.lr, m.sched.at(s), k);
   }
-  (out.loss / static_cast<double>(m.p.grad_accum)).backward();
   Stats& s = m.step;
   s[kLossSum] += out.loss_value;
   const size_t npos = (s.size() - kNumStats) / 2;

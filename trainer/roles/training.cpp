@@ -124,13 +124,13 @@ int run_training(const Config& cfg, const roles::RankContext& ctx, bool resume) 
     return comm::kExitPreempted;
   };
   if (p.colocated) {
-    roles::RoleContext rc_ctx{cfg, ctx, p, nullptr, nullptr};
+    roles::RoleContext rc_ctx{cfg, ctx, p, nullptr, nullptr, nullptr};
     roles::run_colocated(rc_ctx);
     return outcome();
   }
   std::unique_ptr<comm::Communicator> c = comm::make_communicator(roles::comm_options(cfg), ctx.id, store);
   std::shared_ptr<comm::Group> drafters = c->new_group(ctx.schedule.drafter_ranks());
-  roles::RoleContext role{cfg, ctx, p, c.get(), drafters};
+  roles::RoleContext role{cfg, ctx, p, c.get(), drafters, nullptr};  // eval_group: below
   if (const int e = roles::eval_rank(cfg, ctx.schedule, ctx.id.world_size); e >= 0)  // collective
     role.eval_group = c->new_group({ctx.schedule.drafter_rank(0) < e ? ctx.schedule.drafter_rank(0) : e,
                                     ctx.schedule.drafter_rank(0) < e ? e : ctx.schedule.drafter_rank(0)});
