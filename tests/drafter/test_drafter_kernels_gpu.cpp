@@ -1,8 +1,10 @@
 // The drafter's fused CUDA kernels (trainer/model/drafter_kernels.h: RoPE forward and transpose,
-// SwiGLU forward and backward) against the ATen chains they replace on the same GPU, and both
+// the per-head q/k RMSNorm + RoPE forward and backward (with the weight's gradient), SwiGLU
+// forward and backward) against the ATen chains they replace on the same GPU, and both
 // against a float64 reference computed from the same bf16 inputs. Skipped without a CUDA device.
 // Shapes: the drafter's (head_dim 128, 8-element vector path) and odd ones that take the scalar
-// path (head_dim 40: 20 pairs, not a multiple of 8; 3 x 1001 elements).
+// path (head_dim 40: 20 pairs, not a multiple of 8; 3 x 1001 elements). The weight gradient of the
+// norm sums over up to 19200 rows in float32 in both paths; it is held to the same bounds.
 // Tolerance: the kernels compute in float32 and round once to bf16 (relative 2^-9 = 2.0e-3 of an
 // element); the ATen chains round after every operation. So the kernels' max error against
 // float64, relative to the output's largest magnitude, must be <= 4e-3 (two bf16 roundings) and
@@ -36,13 +38,18 @@ double rel(const at::Tensor& a, const at::Tensor& b) {
   return ((x - y).abs().max() / y.abs().max().clamp_min(1e-30)).item<double>();
 }
 
-void expect_close(const char* what, const at::Tensor& fused, const at::Tensor& aten, const at::Tensor& ref) {
+// expect_differs: the kernel's single rounding must show somewhere (else the kernel did not run);
+// not asked of a 128-element weight gradient, whose float32 sums may round to the same bf16.
+void expect_close(const char* what, const at::Tensor& fused, const at::Tensor& aten, const at::Tensor& ref,
+                  bool expect_differs = true) {
   const double ef = rel(fused, ref), ea = rel(aten, ref);
   EXPECT_LE(ef, 4e-3) << what << ": fused kernel vs float64 (ATen chain: " << ea << ")";
   EXPECT_LE(ef, 1.5 * ea + 1e-3) << what << ": fused kernel " << ef << " vs ATen chain " << ea;
   EXPECT_FALSE(fused.isnan().any().item<bool>()) << what;
   // one rounding instead of a chain of them: some element differs, else the kernel did not run
-  EXPECT_FALSE(at::equal(fused, aten)) << what << ": the fused result equals the ATen chain's bit for bit";
+  if (expect_differs) {
+    EXPECT_FALSE(at::equal(fused, aten)) << what << ": the fused result equals the ATen chain's bit for bit";
+  }
 }
 
 // cos/sin [B, L, 1, d] of rotate-half RoPE (both halves equal), rounded to bf16 as the drafter's.
@@ -81,6 +88,38 @@ void check_rope(int64_t B, int64_t L, int64_t heads, int64_t d) {
   expect_close(("RoPE backward " + shape).c_str(), dx[1], dx[0], rope_ref(go, c, s, true));
 }
 
+// RMSNorm per head (weight w, eps 1e-6) then RoPE, in float64.
+at::Tensor norm_rope_ref(const at::Tensor& x, const at::Tensor& w, const at::Tensor& c, const at::Tensor& s) {
+  auto xd = x.to(at::kCPU, at::kDouble);
+  auto n = xd * at::rsqrt(xd.pow(2).mean(-1, true) + 1e-6) * w.to(at::kCPU, at::kDouble);
+  return rope_ref(n, c, s, false);
+}
+
+void check_norm_rope(int64_t B, int64_t L, int64_t heads) {
+  const at::Device dev(at::kCUDA, 0);
+  const int64_t d = 128;
+  at::manual_seed(5 + heads);
+  auto [c, s] = tables(B, L, d, dev);
+  auto x0 = (at::randn({B, L, heads, d}) * 3).to(dev, at::kBFloat16);
+  auto w0 = (1 + at::randn({d}) * 0.2).to(dev, at::kBFloat16);
+  auto go = at::randn({B, L, heads, d}).to(dev, at::kBFloat16);
+  at::Tensor y[2], dx[2], dw[2];
+  for (int fused = 0; fused < 2; ++fused) {
+    auto x = x0.clone().set_requires_grad(true), w = w0.clone().set_requires_grad(true);
+    y[fused] = norm_rope(x, w, 1e-6, c, s, fused == 1);
+    y[fused].backward(go);
+    dx[fused] = x.grad(), dw[fused] = w.grad();
+  }
+  // the float64 reference's gradients by autograd on CPU
+  auto xr = x0.to(at::kCPU, at::kDouble).set_requires_grad(true), wr = w0.to(at::kCPU, at::kDouble).set_requires_grad(true);
+  auto yr = norm_rope_ref(xr, wr, c, s);
+  yr.backward(go.to(at::kCPU, at::kDouble));
+  const std::string n = "[" + std::to_string(B) + ", " + std::to_string(L) + ", " + std::to_string(heads) + ", 128]";
+  expect_close(("q/k norm + RoPE forward " + n).c_str(), y[1], y[0], yr.detach());
+  expect_close(("q/k norm + RoPE d x " + n).c_str(), dx[1], dx[0], xr.grad());
+  expect_close(("q/k norm + RoPE d weight " + n).c_str(), dw[1], dw[0], wr.grad(), false);
+}
+
 void check_swiglu(std::vector<int64_t> shape) {
   const at::Device dev(at::kCUDA, 0);
   at::manual_seed(11 + shape.back());
@@ -111,6 +150,22 @@ TEST(DrafterKernelsGpu, RopeDrafterShapes) {
 TEST(DrafterKernelsGpu, RopeScalarPath) {
   if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
   check_rope(3, 17, 3, 40);  // 20 pairs per head: not a multiple of the 8-element vector
+}
+
+TEST(DrafterKernelsGpu, HeadNormRope) {
+  if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
+  check_norm_rope(2, 300, 32);  // q of a drafter layer
+  check_norm_rope(1, 257, 8);   // k: odd length, 2056 rows (not a multiple of a block's 8 warps)
+}
+
+TEST(DrafterKernelsGpu, HeadNormRopeFallsBackBelowHeadDim128) {
+  if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
+  const at::Device dev(at::kCUDA, 0);
+  auto [c, s] = tables(1, 9, 64, dev);
+  auto x = at::randn({1, 9, 4, 64}).to(dev, at::kBFloat16);
+  auto w = at::ones({64}).to(dev, at::kBFloat16);
+  // head_dim 64: the two-step path, the same with or without `fused` for the norm (RoPE's kernel runs in both)
+  EXPECT_TRUE(at::equal(norm_rope(x, w, 1e-6, c, s, true), apply_rope(at::rms_norm(x, {64}, w, 1e-6), c, s, true)));
 }
 
 TEST(DrafterKernelsGpu, SwigluVectorAndScalar) {

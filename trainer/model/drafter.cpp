@@ -111,6 +111,48 @@ struct Rope : public torch::autograd::Function<Rope> {
 };
 
 
+// RoPE(RMSNorm_w(x)) per head of 128 in one kernel each way (drafter_kernels.h), saving x, w, the
+// tables and rstd; used where the kernels run and the shapes fit (norm_rope below).
+struct HeadNormRope : public torch::autograd::Function<HeadNormRope> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x_in, const at::Tensor& w,
+                            const at::Tensor& cos, const at::Tensor& sin, double eps) {
+#ifdef DFLASH_CUDA
+    auto x = x_in.contiguous();
+    const int64_t R = x.size(0) * x.size(1);
+    const int heads = static_cast<int>(x.size(2));
+    auto y = at::empty_like(x);
+    auto rstd = at::empty({R * heads}, x.options().dtype(at::kFloat));
+    kernels::head_norm_rope_fwd(x.data_ptr(), y.data_ptr(), rstd.data_ptr<float>(), R, heads, w.data_ptr(),
+                                static_cast<float>(eps), cos.data_ptr(), sin.data_ptr(), kernels::dtype_of(x),
+                                at::cuda::getCurrentCUDAStream());
+    ctx->save_for_backward({x, w, cos, sin, rstd});
+    return y;
+#else
+    (void)ctx, (void)w, (void)cos, (void)sin, (void)eps;
+    return x_in;
+#endif
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+#ifdef DFLASH_CUDA
+    auto saved = ctx->get_saved_variables();
+    const auto &x = saved[0], &w = saved[1], &cos = saved[2], &sin = saved[3], &rstd = saved[4];
+    auto gy = grads[0].contiguous();
+    const int64_t R = x.size(0) * x.size(1);
+    const int heads = static_cast<int>(x.size(2));
+    auto dx = at::empty_like(x);
+    auto partial = at::empty({kernels::head_norm_rope_bwd_blocks(R * heads), x.size(3)}, x.options().dtype(at::kFloat));
+    kernels::head_norm_rope_bwd(x.data_ptr(), gy.data_ptr(), rstd.data_ptr<float>(), dx.data_ptr(),
+                                partial.data_ptr<float>(), R, heads, w.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+                                kernels::dtype_of(x), at::cuda::getCurrentCUDAStream());
+    return {dx, partial.sum(0).to(w.scalar_type()), at::Tensor(), at::Tensor(), at::Tensor()};
+#else
+    (void)ctx, (void)grads;
+    return {};
+#endif
+  }
+};
+
 // silu(g) * u, saving only g and u (the unfused form also keeps silu(g) for the backward).
 struct SiluMul : public torch::autograd::Function<SiluMul> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& g, const at::Tensor& u,
@@ -154,6 +196,18 @@ at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tens
 }
 
 at::Tensor swiglu(const at::Tensor& g, const at::Tensor& u, bool fused) { return SiluMul::apply(g, u, fused); }
+
+at::Tensor norm_rope(const at::Tensor& x, const at::Tensor& w, double eps, const at::Tensor& cos,
+                     const at::Tensor& sin, bool fused) {
+  auto aligned = [](const at::Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
+  if (use_kernels(x, fused) && x.dim() == 4 && x.size(3) == 128 && w.numel() == 128 &&
+      w.scalar_type() == x.scalar_type() && cos.scalar_type() == x.scalar_type() && cos.is_contiguous() &&
+      sin.is_contiguous() && w.is_contiguous() && cos.dim() == 4 && cos.size(0) == x.size(0) &&
+      cos.size(1) == x.size(1) && cos.size(3) == 128 && sin.sizes() == cos.sizes() && aligned(cos) && aligned(sin) &&
+      aligned(w) && (!x.is_contiguous() || aligned(x)))
+    return HeadNormRope::apply(x, w, cos, sin, eps);
+  return apply_rope(rms(x, w, eps), cos, sin, fused);
+}
 
 TargetInfo target_info(const HfConfig& c) {
   TargetInfo t;
@@ -436,10 +490,10 @@ at::Tensor Drafter::hidden(const DrafterBatch& batch, const Blocks& blocks, cons
   for (const auto& L : layers_) {
     auto h = rms(x, L.in_norm, s.rms_norm_eps);
     auto q = at::linear(h, L.q).view({B, Q, hq, d});
-    q = apply_rope(rms(q, L.q_norm, s.rms_norm_eps), cos_q, sin_q, fused_default()).transpose(1, 2);
+    q = norm_rope(q, L.q_norm, s.rms_norm_eps, cos_q, sin_q, fused_default()).transpose(1, 2);
     auto kv_in = at::cat({ctx, h}, 1);  // context first, then the block tokens
     auto k = at::linear(kv_in, L.k).view({B, S + Q, hkv, d});
-    k = apply_rope(rms(k, L.k_norm, s.rms_norm_eps), cos_k, sin_k, fused_default()).transpose(1, 2);
+    k = norm_rope(k, L.k_norm, s.rms_norm_eps, cos_k, sin_k, fused_default()).transpose(1, 2);
     auto v = at::linear(kv_in, L.v).view({B, S + Q, hkv, d}).transpose(1, 2);
     auto o = attention::attend(q, k, v, prep).transpose(1, 2).reshape({B, Q, hq * d});
     x = x + at::linear(o, L.o);

@@ -50,6 +50,10 @@ TargetInfo target_info(const HfConfig& cfg);
 // a 16-bit CUDA tensor, else the ATen chains; the step uses fused unless DFLASH_DRAFTER_FUSED=0.
 at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool fused);
 at::Tensor swiglu(const at::Tensor& g, const at::Tensor& u, bool fused);
+// apply_rope(RMSNorm_w(x)) of the per-head q/k norm (x [B, L, heads, d], w [d]); fused with
+// head_dim 128: one kernel each way (the normed x is never stored), else the two steps above.
+at::Tensor norm_rope(const at::Tensor& x, const at::Tensor& w, double eps, const at::Tensor& cos,
+                     const at::Tensor& sin, bool fused);
 
 // Shape and constants of a drafter; exactly the fields of the exported config.json.
 struct DrafterSpec {
