@@ -71,6 +71,10 @@ TEST(ProfileStep, KindsOfTypicalNames) {
             "elementwise");
   EXPECT_EQ(op_kind("void dflash::model::kernels::(anonymous namespace)::qk_norm_rope_kernel<__nv_bfloat16>"), "norm");
   EXPECT_EQ(op_kind("void dflash::attention::(anonymous namespace)::attn_fwd_wgmma_kernel<128>"), "attention");
+  EXPECT_EQ(op_kind("void dflash::model::kernels::(anonymous namespace)::ce_grad_kernel<__nv_bfloat16>(float const*)"),
+            "loss");
+  EXPECT_EQ(op_kind("void dflash::model::kernels::(anonymous namespace)::head_norm_rope_bwd_kernel<__nv_bfloat16>"),
+            "norm");
   EXPECT_EQ(op_kind("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4>>"), "attention");
 }
 

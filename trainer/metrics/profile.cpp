@@ -67,7 +67,7 @@ std::string op_kind(const std::string& name) {
   if (views.count(n)) return "views (host)";
   if (any({"adam", "multi_tensor_apply", "_foreach"})) return "optimizer";
   if (any({"gemm", "cutlass", "xmma", "nvjet", "cublas", "aten::mm", "addmm", "bmm"})) return "matmul";
-  if (any({"softmax", "logsumexp", "cross_entropy", "nll"})) return "loss";
+  if (any({"softmax", "logsumexp", "cross_entropy", "nll", "ce_stats", "ce_grad"})) return "loss";
   if (any({"norm"})) return "norm";
   if (any({"reduce", "aten::sum", "aten::max", "aten::mean"})) return "reduce";
   if (any({"copy", "aten::cat", "cat_", "index", "gather", "scatter", "fill", "memcpy", "memset", "transpose"}))
