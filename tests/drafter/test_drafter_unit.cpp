@@ -229,3 +229,40 @@ TEST(Drafter, InitIsDeterministicFromTheSeed) {
   EXPECT_TRUE(at::equal(a.param("norm.weight"), at::ones({32})));
   EXPECT_TRUE(a.param("fc.weight").requires_grad());
 }
+
+// StepOptions::defer_metrics: forward returns before reading anything back; finish() then yields
+// exactly what the eager forward reports, once (a second call changes nothing), and the loss's
+// gradient is the same whether the metrics were read before or after the backward.
+TEST(Drafter, DeferredMetricsEqualTheEagerOnes) {
+  DrafterSpec s;
+  s.hidden_size = 32, s.intermediate_size = 48, s.num_layers = 1, s.num_heads = 4, s.num_kv_heads = 2;
+  s.head_dim = 8, s.vocab_size = 64, s.num_target_layers = 8, s.target_layer_ids = {1, 3}, s.mask_token_id = 63;
+  Drafter d(s, at::kCPU, at::kFloat);
+  d.init_random(3);
+  d.set_target_weights(at::randn({64, 32}), at::randn({64, 32}) * 0.3);
+  DrafterBatch batch;
+  batch.ids = at::randint(0, 60, {2, 96});
+  batch.loss_mask = at::ones({2, 96}, at::kLong);
+  batch.features = at::randn({2, 96, 2 * 32});
+  StepOptions opt;
+  opt.num_anchors = 6;
+  opt.loss_chunk = 16;
+  auto eager = d.forward(batch, opt);
+  eager.loss.backward();
+  auto g_eager = d.param("fc.weight").grad().clone();
+  for (auto& p : d.parameters()) p.mutable_grad().reset();
+  opt.defer_metrics = true;
+  auto late = d.forward(batch, opt);
+  EXPECT_TRUE(late.correct_per_pos.empty());  // nothing read yet
+  late.loss.backward();
+  late.finish();
+  late.finish();
+  EXPECT_EQ(late.loss_value, eager.loss_value);
+  EXPECT_EQ(late.correct_per_pos, eager.correct_per_pos);
+  EXPECT_EQ(late.count_per_pos, eager.count_per_pos);
+  EXPECT_EQ(late.tau_sum, eager.tau_sum);
+  EXPECT_EQ(late.tau_inv_sum, eager.tau_inv_sum);
+  EXPECT_EQ(late.tau_blocks, eager.tau_blocks);
+  EXPECT_GT(late.tau_blocks, 0);
+  EXPECT_TRUE(at::equal(d.param("fc.weight").grad(), g_eager));
+}

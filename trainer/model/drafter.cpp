@@ -27,9 +27,9 @@
 namespace dflash::model {
 namespace {
 
-// The fused CUDA kernels of drafter_kernels.h run for RoPE and SwiGLU on CUDA tensors of 16-bit
-// dtype when `fused` (the step's default: unless DFLASH_DRAFTER_FUSED=0, read once); the ATen
-// chains are the fallback and the oracle.
+// The fused CUDA kernels of drafter_kernels.h run for the q/k norm + RoPE, RoPE and SwiGLU on
+// CUDA tensors of 16-bit dtype when `fused` (the step's default: unless DFLASH_DRAFTER_FUSED=0,
+// read once); the ATen chains are the fallback and the oracle.
 bool fused_default() {
   static const bool on = env_choice("DFLASH_DRAFTER_FUSED", "1", {"0", "1"}) == "1";
   return on;
@@ -109,7 +109,6 @@ struct Rope : public torch::autograd::Function<Rope> {
     return {g * cos + rotate_half(g * sin, true), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
-
 
 // RoPE(RMSNorm_w(x)) per head of 128 in one kernel each way (drafter_kernels.h), saving x, w, the
 // tables and rstd; used where the kernels run and the shapes fit (norm_rope below).
