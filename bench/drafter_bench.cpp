@@ -14,8 +14,9 @@
 //   drafter_bench [--seq 2048,3072] [--rows 1,2,4] [--anchors 512] [--iters 5] [--warmup 2]
 //                 [--full] (adds: unfused loss, dense mask, kernel attention where available)
 //                 [--budget-s T] (skip the remaining cases once T seconds have passed)
-//                 [--attention sdpa,kernel] (the main case's paths, in this order; default sdpa,
-//                  and kernel too with --full; kernel where it is not built prints "not built")
+//                 [--attention sdpa,kernel] (the main case's paths, in this order; default: kernel
+//                  where it is built and a GPU runs it (the training default), then sdpa; kernel
+//                  where it is not built prints "not built")
 //                 [--optimizer] (adds AdamW: clip + update of fp32 masters, as training does)
 //                 [--profile] (one more step of the first case under the Kineto profiler: device
 //                  kernel time by kind of work and the top kernels, trainer/metrics/profile.h)
@@ -194,16 +195,16 @@ int main(int argc, char** argv) {
   }
   std::fflush(stdout);
 
-  // Most important first (a time budget may cut the tail): the bar case (largest S and B,
-  // reference attention, fused loss), then the kernel, the unfused loss, the other shapes, the
+  // Most important first (a time budget may cut the tail): the bar case (largest S and B, the
+  // default attention, fused loss), then the other path, the unfused loss, the other shapes, the
   // dense mask and other query groupings.
   std::vector<Case> cases;
   const int64_t Smax = seqs.back(), Bmax = rows.back();
   const int64_t g0 = attention::detail::kDefaultGroupQueries;
   auto ref = attention::Backend::Reference;
-  if (paths.empty()) {
+  if (paths.empty()) {  // the training default first (drafter.attention=auto), its oracle beside it
+    if (cuda && attention::kernel_available()) paths.push_back("kernel");
     paths.push_back("sdpa");
-    if (full && cuda) paths.push_back("kernel");
   }
   bool kernel_missing = false;
   for (const auto& path : paths) {
