@@ -65,18 +65,17 @@ double AdamW::step(double lr, double max_norm) {
   // clipping then scales it in place, as torch does); undefined where a parameter has none.
   std::vector<at::Tensor> grads(params_.size());
   std::vector<at::Tensor> present, copy_dst, copy_src;
-  if (fused_ && grad32_.size() != params_.size()) grad32_.resize(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) {
     const at::Tensor& g = params_[i].second.grad();
     if (!g.defined()) continue;
     if (g.scalar_type() == at::kFloat) {
       grads[i] = g;
-    } else if (fused_) {  // one multi-tensor copy below
-      at::Tensor& b = grad32_[i];
-      if (!b.defined() || b.sizes() != g.sizes()) b = at::empty(g.sizes(), g.options().dtype(at::kFloat));
-      copy_dst.push_back(b);
+    } else if (fused_) {
+      // one multi-tensor copy below, into buffers that live for this step only (kept across
+      // steps they would add their 4 bytes per parameter to the forward's peak memory)
+      grads[i] = at::empty(g.sizes(), g.options().dtype(at::kFloat));
+      copy_dst.push_back(grads[i]);
       copy_src.push_back(g);
-      grads[i] = b;
     } else {
       grads[i] = g.to(at::kFloat);
     }

@@ -14,7 +14,7 @@
 // auto: fused when every parameter is on a CUDA device):
 //   - single-tensor: the ATen ops above, one tensor at a time (~10 passes over each tensor);
 //     bit for bit torch.optim.AdamW(foreach=False) + clip_grad_norm_(foreach=False) on CPU;
-//   - fused: the fp32 gradients as one _foreach_copy_ into buffers kept across steps, their norms
+//   - fused: the fp32 gradients as one _foreach_copy_ (buffers of this step only), their norms
 //     as one _foreach_norm, the update as ATen's multi-tensor _fused_adamw_ over the fp32 masters
 //     (the kernel torch.optim.AdamW(fused=True) runs: one pass reading g, m, v, master) with the
 //     clip folded in as its gradient scale (g / (1/coef), a device scalar: no pass of its own), the
@@ -83,7 +83,6 @@ class AdamW {
   int64_t steps_ = 0;
   bool fused_ = false;
   at::Tensor step_count_;  // fused: the step as a float32 scalar on the parameters' device
-  std::vector<at::Tensor> grad32_;  // fused: fp32 copies of the low-precision gradients, per parameter
 };
 
 // The learning rate at 0-based optimizer step s (DFLASH.md §3):
