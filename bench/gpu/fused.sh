@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The drafter step's fused kernels on one GPU (about 2 minutes): their GPU tests (RoPE and SwiGLU
-# kernels, the fused cross-entropy, the attention kernel with a whole drafter step, the bf16 CUDA
-# step against fp32 on the CPU), then the full step (forward / backward / AdamW) at the recipe
-# shape with the fused kernels (the default) and without them (DFLASH_DRAFTER_FUSED=0
-# DFLASH_CE_FUSED=0: the ATen chains), both profiled by kind of work.
+# The drafter step's fused kernels on one GPU (about 2 minutes): their GPU tests (the q/k norm +
+# RoPE, RoPE and SwiGLU kernels, the fused cross-entropy, the attention kernel with a whole drafter
+# step, the bf16 CUDA step against fp32 on the CPU), then the full step (forward / backward / AdamW)
+# at the recipe shape with the fused kernels (the default; its profile by kind of work and its Chrome
+# trace) and without them (DFLASH_DRAFTER_FUSED=0 DFLASH_CE_FUSED=0: the ATen chains, profiled), and
+# at the long shape 1 x 40000.
 #   bash bench/gpu/fused.sh BUILD_DIR OUT_DIR          (bash bench/gpu/run_all.sh fused)
 # targets: test_drafter_kernels_gpu test_ce_gpu test_attention test_drafter_gpu drafter_bench
 set -uo pipefail
