@@ -10,15 +10,12 @@
 #include <math_constants.h>
 
 #include "core/launch_check.h"
+#include "trainer/model/kernel_types.cuh"
 
 namespace dflash::model::kernels {
 
 namespace {
 
-template <typename T> __device__ __forceinline__ T from_f(float v);
-template <> __device__ __forceinline__ float from_f(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f(float v) { return __float2bfloat16(v); }
-template <> __device__ __forceinline__ __half from_f(float v) { return __float2half(v); }
 
 // ---- ce_stats ---------------------------------------------------------------------------------
 // One block of kStatsThreads per row. When the row starts 16-byte aligned, thread t reads float4

@@ -149,12 +149,7 @@ struct FusedLinearCe : public torch::autograd::Function<FusedLinearCe> {
       if (want_grad && !recompute) grad_h = at::empty(hidden.sizes(), hidden.options());  // contiguous
       auto lse = at::empty({M}, hidden.options().dtype(at::kFloat));
       auto loss = cuda_path::forward(hidden, weight, labels, coef, chunk, lse, correct, grad_h);
-      if (recompute)
-        ctx->save_for_backward({hidden, weight, labels, coef, lse});
-      else
-        ctx->save_for_backward({grad_h});
-      ctx->mark_non_differentiable({correct});
-      return {loss, correct};
+      return finish(ctx, {hidden, weight, labels, coef, lse}, grad_h, recompute, loss, correct);
     }
 #endif
     auto loss = at::zeros({}, hidden.options().dtype(at::kFloat));
@@ -171,10 +166,13 @@ struct FusedLinearCe : public torch::autograd::Function<FusedLinearCe> {
       if (grad_h.defined()) grad_h.narrow(0, c0, n).copy_(grad_from_probs(s.expd, lab, s.scale * cf, cf, weight));
       if (lse.defined()) lse.narrow(0, c0, n).copy_(s.lse);
     }
-    if (recompute)
-      ctx->save_for_backward({hidden, weight, labels, coef, lse});
-    else
-      ctx->save_for_backward({grad_h});
+    return finish(ctx, {hidden, weight, labels, coef, lse}, grad_h, recompute, loss, correct);
+  }
+
+  // What both paths keep for the backward: the recompute inputs, or the finished hidden gradient.
+  static variable_list finish(AutogradContext* ctx, const variable_list& recompute_inputs, const at::Tensor& grad_h,
+                              bool recompute, const at::Tensor& loss, const at::Tensor& correct) {
+    ctx->save_for_backward(recompute ? recompute_inputs : variable_list{grad_h});
     ctx->mark_non_differentiable({correct});
     return {loss, correct};
   }

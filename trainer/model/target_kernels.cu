@@ -5,19 +5,12 @@
 #include <cuda_fp16.h>
 
 #include "core/launch_check.h"
+#include "trainer/model/kernel_types.cuh"
 
 namespace dflash::model::kernels {
 
 namespace {
 
-template <typename T> __device__ __forceinline__ float to_f(T v);
-template <> __device__ __forceinline__ float to_f(float v) { return v; }
-template <> __device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <> __device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
-template <typename T> __device__ __forceinline__ T from_f(float v);
-template <> __device__ __forceinline__ float from_f(float v) { return v; }
-template <> __device__ __forceinline__ __nv_bfloat16 from_f(float v) { return __float2bfloat16(v); }
-template <> __device__ __forceinline__ __half from_f(float v) { return __float2half(v); }
 
 constexpr int kMaxPairsPerLane = 4;  // hd <= 2 * 32 * 4 = 256
 
