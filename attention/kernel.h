@@ -85,8 +85,24 @@ struct MetaParams {
   int B = 0, N = 0, block_size = 0, ctx_len = 0;
 };
 
+// Inputs of the causal metadata builder (packed documents, queries = keys = the T tokens):
+// document offsets cu [n_docs + 1] int32 on the GPU (0 = cu[0] < cu[1] < ... < cu[n_docs] = T).
+// Query row r of document j (cu[j] <= r < cu[j+1]) sees keys [cu[j], r]. A 64-row query tile's
+// rows of its first document use the record's ctx range, those of later documents (a tile
+// straddling a boundary) the blk range, so that the tile walks [start of its first document, its
+// end) and [start of its second document, its last row] rather than one union over both.
+struct CausalMetaParams {
+  const int32_t* cu = nullptr;
+  int32_t* out = nullptr;  // kernel_meta_numel(1, T, T) int32
+  int n_docs = 0, T = 0;
+};
+
 // Launches on `stream` (a cudaStream_t). They throw std::runtime_error on a launch error.
 void launch_build_meta(const MetaParams& p, void* stream);
+void launch_build_causal_meta(const CausalMetaParams& p, void* stream);
+// Whether the forward runs its Hopper (wgmma) kernel on the current device (sm_90 with sm_90a
+// code built in); elsewhere it runs the mma.sync kernel.
+bool forward_is_wgmma();
 KernelMeta meta_view(const int32_t* meta, int B, int q_len, int kv_len);
 void launch_attn_fwd(const AttnParams& p, void* stream);
 void launch_attn_bwd(const AttnParams& p, void* stream);  // delta, then dQ, then dK/dV
@@ -117,6 +133,15 @@ at::Tensor kernel_attend(const at::Tensor& q, const at::Tensor& k, const at::Ten
 // The forward alone, for tests and benchmarks: returns {out, lse [B, Hq, q_len] fp32}.
 std::tuple<at::Tensor, at::Tensor> kernel_forward(const at::Tensor& q, const at::Tensor& k,
                                                   const at::Tensor& v, const Prepared& p);
+
+// Causal attention inside each document of a packed stream (a target model's prefill), forward
+// only: q [T, Hq, d], k/v [T, Hkv, d] bf16 CUDA tensors (last dimension contiguous; row and head
+// strides multiples of 8 elements, e.g. views of a fused qkv projection), cu_dev int32
+// [n_docs + 1] document offsets on q's device (checked by the caller: 0, strictly increasing,
+// T), d in {64, 128}. `meta` caches the tile metadata across the layers of one pass: built
+// from cu_dev when undefined (no host sync). Returns [T, Hq, d] contiguous.
+at::Tensor kernel_causal_varlen(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const at::Tensor& cu_dev, double scale, at::Tensor& meta);
 
 }  // namespace dflash::attention
 #endif

@@ -227,4 +227,41 @@ at::Tensor kernel_attend(const at::Tensor& q, const at::Tensor& k, const at::Ten
   return KernelAttention::apply(qc, kc, vc, p.kernel_meta);
 }
 
+at::Tensor kernel_causal_varlen(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                const at::Tensor& cu_dev, double scale, at::Tensor& meta) {
+  for (const auto* t : {&q, &k, &v})
+    if (t->dim() != 3) throw_user("causal attention kernel: q, k, v must be [T, heads, d], got {} dims", t->dim());
+  const int64_t T = q.size(0);
+  if (k.size(0) != T || v.size(0) != T)
+    throw_user("causal attention kernel: q has {} tokens, k {} and v {}", T, k.size(0), v.size(0));
+  if (T >= (int64_t(1) << 30)) throw_user("causal attention kernel: {} tokens is too many", T);
+  if (!cu_dev.defined() || cu_dev.dim() != 1 || cu_dev.numel() < 2 || cu_dev.scalar_type() != at::kInt ||
+      cu_dev.device() != q.device())
+    throw_user("causal attention kernel: cu_seqlens must be int32 [n_docs + 1] on {}", q.device().str());
+  // [T, H, d] seen as [1, H, T, d]: batch 1, head stride and row stride as they are
+  auto as4 = [](const at::Tensor& t) { return t.unsqueeze(0).transpose(1, 2); };
+  const at::Tensor qc = checked(as4(q), "q"), kc = checked(as4(k), "k"), vc = checked(as4(v), "v");
+  c10::cuda::CUDAGuard guard(q.device());
+  if (!meta.defined()) {
+    meta = at::empty({kernel_meta_numel(1, T, T)}, cu_dev.options());
+    CausalMetaParams mp;
+    mp.cu = cu_dev.data_ptr<int32_t>();
+    mp.out = meta.data_ptr<int32_t>();
+    mp.n_docs = int(cu_dev.numel() - 1);
+    mp.T = int(T);
+    launch_build_causal_meta(mp, stream_of(q));
+  }
+  const Shapes s = validate(qc, kc, vc, meta);
+  at::Tensor out = at::empty({T, s.Hq, s.d}, q.options());
+  at::Tensor o = as4(out);
+  at::Tensor lse = at::empty({1, s.Hq, T}, q.options().dtype(at::kFloat));
+  AttnParams p = make_params(s, qc, kc, vc, meta);
+  p.scale = float(scale);
+  p.o = o.data_ptr();
+  set_strides(o, p.o_sb, p.o_sh, p.o_sr);
+  p.lse = lse.data_ptr<float>();
+  launch_attn_fwd(p, stream_of(q));
+  return out;
+}
+
 }  // namespace dflash::attention

@@ -6,7 +6,8 @@
 //       (the default DFlash ids for 36 layers; tiny: [0, 1]) over B packed documents of S tokens.
 //       Prints tokens/s, TFLOP/s and MFU against a bf16 8192^3 matmul measured in the same run.
 //   target_bench attention [--shapes ...]
-//       Packed causal attention alone: the flash backend vs cuDNN's varlen attention.
+//       Packed causal attention alone: FlashAttention-2 varlen, the DFlash kernel's causal mode
+//       (the default backend on Hopper) and cuDNN's varlen attention.
 //   target_bench write-checkpoint DIR [--shards 5] [--config ...]
 //       Writes a random model as a Hugging Face checkpoint (config.json, shards, index).
 //   target_bench load DIR [--cache cold,warm] [--json FILE]
@@ -44,6 +45,9 @@
 #include "trainer/model/safetensors.h"
 #include "trainer/model/target.h"
 #include "trainer/model/target_ops.h"
+#if DFLASH_ATTENTION_KERNEL
+#include "attention/kernel.h"
+#endif
 
 namespace fs = std::filesystem;
 using dflash::throw_user;
@@ -144,9 +148,13 @@ void breakdown(const TargetModel& m, int64_t B, int64_t S, int iters, double pea
   at::Tensor cu_dev = at::tensor(cu, at::kLong).to(at::kInt).to(dev);
   auto [cos, sin] = ops::rope_cos_sin(ops::positions_from_cu(cu, T).to(dev),
                                       dflash::model::rope_inv_freq(c).to(dev));
-  auto [q, k, v] = ops::qkv_heads(qkv, nq, nkv, hd, w.q_norm, w.k_norm, c.rms_norm_eps, cos, sin);
+  // as the model: head-major q, k, v when the attention kernel runs (target.cpp)
+  const bool head_major = ops::causal_backend(m.dtype(), dev, hd) == ops::CausalBackend::Kernel;
+  auto [q, k, v] = ops::qkv_heads(qkv, nq, nkv, hd, w.q_norm, w.k_norm, c.rms_norm_eps, cos, sin, head_major);
   const double scale = 1.0 / std::sqrt(double(hd));
-  at::Tensor attn = ops::varlen_causal_attention(q, k, v, cu, cu_dev, S, scale);
+  at::Tensor meta;  // the kernel backend's tile metadata, built once per pass as in the model
+  at::Tensor attn = ops::varlen_causal_attention(q, k, v, cu, cu_dev, S, scale, &meta);
+  const std::string attn_name = std::string("attention: ") + ops::causal_backend_name(ops::causal_backend(q));
   at::Tensor gu = at::mm(h, w.w_gate_up.t());
   at::Tensor act = ops::silu_mul(gu, I);
   at::Tensor cap = at::empty({T, 5 * H}, opt);
@@ -158,11 +166,11 @@ void breakdown(const TargetModel& m, int64_t B, int64_t S, int iters, double pea
   std::vector<Item> items = {
       {"rms_norm (x2 per layer)", 0, [&] { ops::rms_norm(x, w.input_norm, c.rms_norm_eps); }},
       {"qkv GEMM", 2.0 * T * H * w.wqkv.size(0), [&] { at::mm(h, w.wqkv.t()); }},
-      {"q/k norm + RoPE", 0, [&] {
-         ops::qkv_heads(qkv, nq, nkv, hd, w.q_norm, w.k_norm, c.rms_norm_eps, cos, sin);
+      {head_major ? "q/k norm + RoPE, head-major split" : "q/k norm + RoPE (in place)", 0, [&] {
+         ops::qkv_heads(qkv, nq, nkv, hd, w.q_norm, w.k_norm, c.rms_norm_eps, cos, sin, head_major);
        }},
-      {"flash attention", 4.0 * nq * hd * double(S + 1) / 2 * T,
-       [&] { ops::varlen_causal_attention(q, k, v, cu, cu_dev, S, scale); }},
+      {attn_name.c_str(), 4.0 * nq * hd * double(S + 1) / 2 * T,
+       [&] { ops::varlen_causal_attention(q, k, v, cu, cu_dev, S, scale, &meta); }},
       {"o_proj addmm_", 2.0 * T * H * nq * hd,
        [&] { x.addmm_(attn.reshape({T, nq * hd}), w.wo.t()); }},
       {"gate_up GEMM", 2.0 * T * H * 2 * I, [&] { at::mm(h, w.w_gate_up.t()); }},
@@ -171,15 +179,15 @@ void breakdown(const TargetModel& m, int64_t B, int64_t S, int iters, double pea
       {"capture copy (1 of 5)", 0, [&] { cap.narrow(1, H, H).copy_(x); }},
   };
   std::printf("\nbreakdown of one layer at %ldx%ld (median of %d):\n", long(B), long(S), iters);
-  std::printf("%-26s %9s %9s\n", "op", "ms", "TFLOP/s");
+  std::printf("%-44s %9s %9s\n", "op", "ms", "TFLOP/s");
   double total = 0;
   for (auto& it : items) {
     double s = time_median(dev, iters, it.fn);
     double n = std::string(it.name).rfind("rms_norm", 0) == 0 ? 2 : 1;
     total += n * s;
-    std::printf("%-26s %9.3f %9.1f\n", it.name, s * 1e3, it.flops ? it.flops / s / 1e12 : 0.0);
+    std::printf("%-44s %9.3f %9.1f\n", it.name, s * 1e3, it.flops ? it.flops / s / 1e12 : 0.0);
   }
-  std::printf("%-26s %9.3f   (matmul ceiling %.0f TFLOP/s)\n", "sum (rms_norm twice)", total * 1e3,
+  std::printf("%-44s %9.3f   (matmul ceiling %.0f TFLOP/s)\n", "sum (rms_norm twice)", total * 1e3,
               peak / 1e12);
 }
 
@@ -239,9 +247,9 @@ int forward(const Args& a) {
   return 0;
 }
 
-// The packed causal attention of one Qwen3-8B layer at B x S: the flash backend (the model's
-// default) against cuDNN's varlen attention (the DFLASH_TARGET_ATTENTION=cudnn candidate): time
-// and max-norm distance. Kept apart from `forward` since it is an experiment.
+// The packed causal attention of one Qwen3-8B layer at B x S: FlashAttention-2 varlen, the DFlash
+// kernel's causal mode (DFLASH_TARGET_ATTENTION=auto on Hopper) and cuDNN's varlen attention:
+// time and max-norm distance to flash (the GPU tests check both against fp32).
 int attention(const Args& a) {
   c10::InferenceMode guard;
   at::Device dev = bench_device();
@@ -272,6 +280,17 @@ int attention(const Args& a) {
     std::string shape = fmt::format("{}x{}", B, S);
     std::printf("%-10s %-8s %9.3f %9.1f\n", shape.c_str(), "flash", s_flash * 1e3,
                 flops / s_flash / 1e12);
+#if DFLASH_ATTENTION_KERNEL
+    {
+      at::Tensor meta;
+      auto kern = [&] { return dflash::attention::kernel_causal_varlen(q, k, v, cu_dev, scale, meta); };
+      at::Tensor o = kern().to(at::kFloat);
+      const double err = (o - ref).abs().max().item<double>() / ref.abs().max().item<double>();
+      const double s_k = time_median(dev, a.iters, kern);
+      std::printf("%-10s %-8s %9.3f %9.1f %.2e  (%.2fx flash)\n", shape.c_str(), "kernel", s_k * 1e3,
+                  flops / s_k / 1e12, err, s_flash / s_k);
+    }
+#endif
     try {
       auto cudnn = [&] {
         return std::get<0>(at::_cudnn_attention_forward(q, k, v, {}, cu_dev, cu_dev, S, S, false,

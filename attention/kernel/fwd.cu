@@ -273,6 +273,8 @@ void run_fwd_variant(const AttnParams& p, cudaStream_t s) {
 
 }  // namespace
 
+bool forward_is_wgmma() { return fwd_variant() >= 4 && wgmma_supported(); }  // 4 and up: the default
+
 void launch_attn_fwd(const AttnParams& p, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
   if (p.d == 128) run_fwd_variant<128>(p, s);

@@ -63,6 +63,31 @@ __global__ void meta_ktiles_kernel(MetaParams p, KernelMeta m) {
   reinterpret_cast<int2*>(const_cast<int32_t*>(m.ktiles))[i] = out;
 }
 
+// Largest j in [0, n_docs) with cu[j] <= r (cu strictly increasing, cu[0] = 0 <= r).
+__device__ __forceinline__ int doc_of(const int32_t* cu, int n_docs, int r) {
+  int lo = 0, hi = n_docs - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (cu[mid] <= r) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+// Causal rows: row r of document j sees [cu[j], r + 1); in the ctx slot when j is the document of
+// its tile's first row, else in the blk slot (kernel.h, CausalMetaParams). Padding rows: empty.
+__global__ void causal_rows_kernel(CausalMetaParams p, KernelMeta m) {
+  const int r = (int)((int64_t)blockIdx.x * blockDim.x + threadIdx.x);
+  if (r >= m.nqt * kTileQ) return;
+  int4 out = make_int4(0, 0, 0, 0);
+  if (r < p.T) {
+    const int j = doc_of(p.cu, p.n_docs, r);
+    const int j0 = doc_of(p.cu, p.n_docs, (r / kTileQ) * kTileQ);
+    if (j == j0) out = make_int4(p.cu[j], r + 1, 0, 0);
+    else out = make_int4(0, 0, p.cu[j], r + 1);
+  }
+  reinterpret_cast<int4*>(const_cast<int32_t*>(m.rows))[r] = out;
+}
 
 }  // namespace
 
@@ -91,6 +116,21 @@ void launch_build_meta(const MetaParams& p, void* stream) {
     meta_ktiles_kernel<<<(unsigned)((nk + T - 1) / T), T, 0, s>>>(p, m);
     DFLASH_CHECK_LAUNCH("attention meta_ktiles");
   }
+}
+
+void launch_build_causal_meta(const CausalMetaParams& p, void* stream) {
+  const KernelMeta m = meta_view(p.out, 1, p.T, p.T);
+  auto s = static_cast<cudaStream_t>(stream);
+  constexpr int T = 256;
+  const int64_t nr = (int64_t)m.nqt * kTileQ;
+  causal_rows_kernel<<<(unsigned)((nr + T - 1) / T), T, 0, s>>>(p, m);
+  DFLASH_CHECK_LAUNCH("attention causal meta_rows");
+  MetaParams one;  // the tile unions below read only B
+  one.B = 1;
+  meta_qtiles_kernel<<<(unsigned)((m.nqt + T - 1) / T), T, 0, s>>>(one, m);
+  DFLASH_CHECK_LAUNCH("attention causal meta_qtiles");
+  meta_ktiles_kernel<<<(unsigned)((m.nkt + T - 1) / T), T, 0, s>>>(one, m);
+  DFLASH_CHECK_LAUNCH("attention causal meta_ktiles");
 }
 
 }  // namespace dflash::attention

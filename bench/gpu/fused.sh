@@ -4,7 +4,7 @@
 # step, the bf16 CUDA step against fp32 on the CPU), then the full step (forward / backward / AdamW)
 # at the recipe shape with the fused kernels (the default; its profile by kind of work and its Chrome
 # trace) and without them (DFLASH_DRAFTER_FUSED=0 DFLASH_CE_FUSED=0: the ATen chains, profiled), and
-# at the long shape 1 x 40000.
+# at the long shape 1 x 40000; and the recipe shape once with bf16 logits (DFLASH_CE_LOGITS=bf16).
 #   bash bench/gpu/fused.sh BUILD_DIR OUT_DIR          (bash bench/gpu/run_all.sh fused)
 # targets: test_drafter_kernels_gpu test_ce_gpu test_attention test_drafter_gpu drafter_bench
 set -uo pipefail
@@ -31,5 +31,7 @@ step fused_4x3072 timeout 100 "$B" --seq 3072 --rows 4 --anchors 512 --attention
   --profile-trace "$OUT/fused_4x3072.trace.json"
 step unfused_4x3072 DFLASH_DRAFTER_FUSED=0 DFLASH_CE_FUSED=0 timeout 100 "$B" --seq 3072 --rows 4 --anchors 512 \
   --attention kernel --optimizer --iters 5 --warmup 2 --profile
+step bf16_logits_4x3072 DFLASH_CE_LOGITS=bf16 timeout 100 "$B" --seq 3072 --rows 4 --anchors 512 --attention kernel \
+  --optimizer --iters 5 --warmup 2
 step fused_1x40000 timeout 120 "$B" --seq 40000 --rows 1 --anchors 2048 --attention kernel --optimizer --iters 3 --warmup 1
 exit $rc

@@ -294,10 +294,11 @@ TEST(CeGpu, Timing) {
 #ifdef DFLASH_CUDA
 namespace {
 
-// The kernels on given fp32 logits [n, V] stored with row stride ld, against float64 of the same
-// logits.
-void check_kernels_per_row(int64_t V, int64_t ld, uint64_t seed) {
-  const std::string what = "V=" + std::to_string(V) + " ld=" + std::to_string(ld);
+// The kernels on given logits [n, V] (fp32, or bf16 with DFLASH_CE_LOGITS=bf16) stored with row
+// stride ld, against float64 of the same logits (bf16: of the bf16 values, so the bounds are the
+// kernels' float32 arithmetic only, as for fp32 input).
+void check_kernels_per_row(int64_t V, int64_t ld, uint64_t seed, at::ScalarType lt = at::kFloat) {
+  const std::string what = "V=" + std::to_string(V) + " ld=" + std::to_string(ld) + " logits " + c10::toString(lt);
   const int64_t n = 300;
   const at::Device dev(at::kCUDA, 0);
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
@@ -324,16 +325,18 @@ void check_kernels_per_row(int64_t V, int64_t ld, uint64_t seed) {
   }
   labels[60] = -1, labels[61] = V;  // out of range: NaN CE, not correct, no one-hot
   coef[62] = 0.f;
+  l = l.to(lt).to(at::kFloat);  // the values the kernels see (ties at 60 and 30 stay exact in bf16)
   for (int64_t q = 70; q < 100; ++q) labels[q] = l[q].argmax().item<int64_t>();
 
-  auto buf = at::zeros({n, ld}, at::TensorOptions().device(dev).dtype(at::kFloat));
+  auto buf = at::zeros({n, ld}, at::TensorOptions().device(dev).dtype(lt));
   buf.narrow(1, 0, V).copy_(l);
+  const kernels::DType ldt = lt == at::kFloat ? kernels::DType::F32 : kernels::DType::BF16;
   auto lab_d = labels.to(dev), coef_d = coef.to(dev);
   auto fopt = at::TensorOptions().device(dev).dtype(at::kFloat);
   auto lse = at::empty({n}, fopt), wce = at::empty({n}, fopt);
   auto correct = at::empty({n}, fopt.dtype(at::kBool));
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  kernels::ce_stats(buf.data_ptr<float>(), n, V, ld, lab_d.data_ptr<int64_t>(), coef_d.data_ptr<float>(),
+  kernels::ce_stats(buf.data_ptr(), ldt, n, V, ld, lab_d.data_ptr<int64_t>(), coef_d.data_ptr<float>(),
                     lse.data_ptr<float>(), wce.data_ptr<float>(), correct.data_ptr<bool>(), stream);
 
   auto ld64 = l.to(at::kDouble), cd = coef.to(at::kDouble);
@@ -367,7 +370,7 @@ void check_kernels_per_row(int64_t V, int64_t ld, uint64_t seed) {
   for (const Out& o : {Out{kernels::DType::BF16, at::kBFloat16, 1.0 / 256, 0.0},
                        Out{kernels::DType::F16, at::kHalf, 1.0 / 2048, 6e-8}, Out{kernels::DType::F32, at::kFloat, 2e-5, 0.0}}) {
     auto g = at::empty({n, V}, fopt.dtype(o.st));
-    kernels::ce_grad(buf.data_ptr<float>(), n, V, ld, lab_d.data_ptr<int64_t>(), lse.data_ptr<float>(),
+    kernels::ce_grad(buf.data_ptr(), ldt, n, V, ld, lab_d.data_ptr<int64_t>(), lse.data_ptr<float>(),
                      coef_d.data_ptr<float>(), g.data_ptr(), o.dtype, stream);
     auto gk = g.to(at::kCPU, at::kDouble);
     auto excess = (gk - g_ref).abs() - (o.u * 1.01 * g_ref.abs() + 2e-5 * cd.unsqueeze(1) + o.floor);
@@ -387,5 +390,13 @@ TEST(CeGpu, KernelsPerRowAgainstFp64) {
   check_kernels_per_row(1001, 1002, 22);
   check_kernels_per_row(151936, 151936, 23);
   check_kernels_per_row(151936, 151937, 24);
+}
+
+TEST(CeGpu, KernelsOnBf16LogitsAgainstFp64) {
+  if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
+  check_kernels_per_row(1001, 1001, 31, at::kBFloat16);  // rows 2-byte aligned only: the scalar loops
+  check_kernels_per_row(1004, 1004, 32, at::kBFloat16);  // 8-byte aligned rows: the 4-wide loads
+  check_kernels_per_row(151936, 151936, 33, at::kBFloat16);
+  check_kernels_per_row(151936, 151937, 34, at::kBFloat16);
 }
 #endif

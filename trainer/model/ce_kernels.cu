@@ -16,6 +16,17 @@ namespace dflash::model::kernels {
 
 namespace {
 
+// Four consecutive logits as floats (p aligned to 4 elements).
+template <typename TL>
+__device__ __forceinline__ float4 load4(const TL* p) {
+  if constexpr (sizeof(TL) == 4) {
+    return *reinterpret_cast<const float4*>(p);
+  } else {
+    const uint2 u = *reinterpret_cast<const uint2*>(p);
+    const TL* e = reinterpret_cast<const TL*>(&u);
+    return make_float4(to_f(e[0]), to_f(e[1]), to_f(e[2]), to_f(e[3]));
+  }
+}
 
 // ---- ce_stats ---------------------------------------------------------------------------------
 // One block of kStatsThreads per row. When the row starts 16-byte aligned, thread t reads float4
@@ -78,31 +89,31 @@ __device__ __forceinline__ void warp_merge(Online& o) {
   }
 }
 
+template <typename TL>
 __global__ void __launch_bounds__(kStatsThreads)
-    ce_stats_kernel(const float* __restrict__ logits, int V, int64_t ld, const int64_t* __restrict__ labels,
+    ce_stats_kernel(const TL* __restrict__ logits, int V, int64_t ld, const int64_t* __restrict__ labels,
                     const float* __restrict__ coef, float* __restrict__ lse, float* __restrict__ wce,
                     bool* __restrict__ correct) {
   const int64_t r = blockIdx.x;
-  const float* row = logits + r * ld;
+  const TL* row = logits + r * ld;
   const int t = threadIdx.x;
   Online o;
   int j0 = 0;  // first element of the scalar loop
-  if ((reinterpret_cast<uintptr_t>(row) & 15) == 0) {
-    const float4* row4 = reinterpret_cast<const float4*>(row);
+  if ((reinterpret_cast<uintptr_t>(row) & (4 * sizeof(TL) - 1)) == 0) {
     const int nv = V / 4;
     int k = t;
     for (; k + 3 * kStatsThreads < nv; k += 4 * kStatsThreads) {
-      const float4 a = row4[k], b = row4[k + kStatsThreads], c = row4[k + 2 * kStatsThreads],
-                   d = row4[k + 3 * kStatsThreads];
+      const float4 a = load4(row + 4 * k), b = load4(row + 4 * (k + kStatsThreads)),
+                   c = load4(row + 4 * (k + 2 * kStatsThreads)), d = load4(row + 4 * (k + 3 * kStatsThreads));
       visit4(o, a, 4 * k);
       visit4(o, b, 4 * (k + kStatsThreads));
       visit4(o, c, 4 * (k + 2 * kStatsThreads));
       visit4(o, d, 4 * (k + 3 * kStatsThreads));
     }
-    for (; k < nv; k += kStatsThreads) visit4(o, row4[k], 4 * k);
+    for (; k < nv; k += kStatsThreads) visit4(o, load4(row + 4 * k), 4 * k);
     j0 = 4 * nv;
   }
-  for (int j = j0 + t; j < V; j += kStatsThreads) visit1(o, row[j], j);
+  for (int j = j0 + t; j < V; j += kStatsThreads) visit1(o, to_f(row[j]), j);
 
   warp_merge(o);
   __shared__ float sh_m[kStatsWarps], sh_s[kStatsWarps];
@@ -119,7 +130,7 @@ __global__ void __launch_bounds__(kStatsThreads)
   lse[r] = L;
   const int64_t lab = labels[r];
   const bool in_range = lab >= 0 && lab < V;
-  wce[r] = in_range ? (L - row[lab]) * coef[r] : CUDART_NAN_F;
+  wce[r] = in_range ? (L - to_f(row[lab])) * coef[r] : CUDART_NAN_F;
   correct[r] = in_range && int64_t(b.i) == lab;
 }
 
@@ -152,13 +163,13 @@ __device__ __forceinline__ void store4(T* p, float a, float b, float c, float d)
   }
 }
 
-template <typename T>
+template <typename TL, typename T>
 __global__ void __launch_bounds__(kGradThreads)
-    ce_grad_kernel(const float* __restrict__ logits, int V, int64_t ld, const int64_t* __restrict__ labels,
+    ce_grad_kernel(const TL* __restrict__ logits, int V, int64_t ld, const int64_t* __restrict__ labels,
                    const float* __restrict__ lse, const float* __restrict__ coef, T* __restrict__ g) {
   const int64_t r = blockIdx.x;
   const int c0 = int(blockIdx.y) * kGradTile, c1 = min(c0 + kGradTile, V);
-  const float* row = logits + r * ld;
+  const TL* row = logits + r * ld;
   T* out = g + r * int64_t(V);
   const float L = lse[r], c = coef[r];
   const int64_t lab = labels[r];
@@ -166,14 +177,14 @@ __global__ void __launch_bounds__(kGradThreads)
   const int t = threadIdx.x;
   int j0 = c0;  // first element of the scalar loop
   const uintptr_t misaligned =
-      (reinterpret_cast<uintptr_t>(row) & 15) | (reinterpret_cast<uintptr_t>(out) & (4 * sizeof(T) - 1));
+      (reinterpret_cast<uintptr_t>(row) & (4 * sizeof(TL) - 1)) | (reinterpret_cast<uintptr_t>(out) & (4 * sizeof(T) - 1));
   if (misaligned == 0) {
     const int nv = (c1 - c0) / 4;
     float4 x[kGradVecs];
 #pragma unroll
     for (int u = 0; u < kGradVecs; ++u) {
       const int k = t + u * kGradThreads;
-      x[u] = k < nv ? *reinterpret_cast<const float4*>(row + c0 + 4 * k) : make_float4(0.f, 0.f, 0.f, 0.f);
+      x[u] = k < nv ? load4(row + c0 + 4 * k) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
 #pragma unroll
     for (int u = 0; u < kGradVecs; ++u) {
@@ -186,32 +197,56 @@ __global__ void __launch_bounds__(kGradThreads)
     }
     j0 = c0 + 4 * nv;
   }
-  for (int j = j0 + t; j < c1; j += kGradThreads) out[j] = from_f<T>(grad1(row[j], j, L, label, c));
+  for (int j = j0 + t; j < c1; j += kGradThreads) out[j] = from_f<T>(grad1(to_f(row[j]), j, L, label, c));
 }
 
-template <typename T>
-void launch_grad(const float* logits, int64_t n, int64_t V, int64_t ld, const int64_t* labels, const float* lse,
+template <typename TL, typename T>
+void launch_grad(const void* logits, int64_t n, int64_t V, int64_t ld, const int64_t* labels, const float* lse,
                  const float* coef, void* g, cudaStream_t st) {
   const dim3 grid(unsigned(n), unsigned((V + kGradTile - 1) / kGradTile));
-  ce_grad_kernel<T><<<grid, kGradThreads, 0, st>>>(logits, int(V), ld, labels, lse, coef, static_cast<T*>(g));
+  ce_grad_kernel<TL, T><<<grid, kGradThreads, 0, st>>>(static_cast<const TL*>(logits), int(V), ld, labels, lse, coef,
+                                                       static_cast<T*>(g));
+}
+
+template <typename TL>
+void launch_grad_out(const void* logits, int64_t n, int64_t V, int64_t ld, const int64_t* labels, const float* lse,
+                     const float* coef, void* g, DType dtype, cudaStream_t st) {
+  switch (dtype) {
+    case DType::BF16: launch_grad<TL, __nv_bfloat16>(logits, n, V, ld, labels, lse, coef, g, st); break;
+    case DType::F16: launch_grad<TL, __half>(logits, n, V, ld, labels, lse, coef, g, st); break;
+    case DType::F32: launch_grad<TL, float>(logits, n, V, ld, labels, lse, coef, g, st); break;
+  }
 }
 
 }  // namespace
 
-void ce_stats(const float* logits, int64_t n, int64_t V, int64_t ld, const int64_t* labels, const float* coef,
-              float* lse, float* wce, bool* correct, cudaStream_t stream) {
+void ce_stats(const void* logits, DType logits_dtype, int64_t n, int64_t V, int64_t ld, const int64_t* labels,
+              const float* coef, float* lse, float* wce, bool* correct, cudaStream_t stream) {
   if (n <= 0) return;
-  ce_stats_kernel<<<unsigned(n), kStatsThreads, 0, stream>>>(logits, int(V), ld, labels, coef, lse, wce, correct);
+  switch (logits_dtype) {
+    case DType::F32:
+      ce_stats_kernel<<<unsigned(n), kStatsThreads, 0, stream>>>(static_cast<const float*>(logits), int(V), ld, labels,
+                                                                 coef, lse, wce, correct);
+      break;
+    case DType::BF16:
+      ce_stats_kernel<<<unsigned(n), kStatsThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(logits), int(V),
+                                                                 ld, labels, coef, lse, wce, correct);
+      break;
+    case DType::F16:
+      ce_stats_kernel<<<unsigned(n), kStatsThreads, 0, stream>>>(static_cast<const __half*>(logits), int(V), ld,
+                                                                 labels, coef, lse, wce, correct);
+      break;
+  }
   DFLASH_CHECK_LAUNCH("CE row statistics");
 }
 
-void ce_grad(const float* logits, int64_t n, int64_t V, int64_t ld, const int64_t* labels, const float* lse,
-             const float* coef, void* g, DType dtype, cudaStream_t stream) {
+void ce_grad(const void* logits, DType logits_dtype, int64_t n, int64_t V, int64_t ld, const int64_t* labels,
+             const float* lse, const float* coef, void* g, DType dtype, cudaStream_t stream) {
   if (n <= 0) return;
-  switch (dtype) {
-    case DType::BF16: launch_grad<__nv_bfloat16>(logits, n, V, ld, labels, lse, coef, g, stream); break;
-    case DType::F16: launch_grad<__half>(logits, n, V, ld, labels, lse, coef, g, stream); break;
-    case DType::F32: launch_grad<float>(logits, n, V, ld, labels, lse, coef, g, stream); break;
+  switch (logits_dtype) {
+    case DType::F32: launch_grad_out<float>(logits, n, V, ld, labels, lse, coef, g, dtype, stream); break;
+    case DType::BF16: launch_grad_out<__nv_bfloat16>(logits, n, V, ld, labels, lse, coef, g, dtype, stream); break;
+    case DType::F16: launch_grad_out<__half>(logits, n, V, ld, labels, lse, coef, g, dtype, stream); break;
   }
   DFLASH_CHECK_LAUNCH("CE logit gradient");
 }

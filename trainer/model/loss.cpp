@@ -77,10 +77,16 @@ at::Tensor grad_from_probs(at::Tensor& p, const at::Tensor& lab, const at::Tenso
 // hidden's device (fused_linear_ce makes them so).
 namespace cuda_path {
 
+// DFLASH_CE_LOGITS, read at the first call: "fp32" (default) or "bf16" (the GEMM writes the
+// logits in the hidden states' 16-bit dtype; the kernels still compute in float32).
+bool half_logits() {
+  static const bool on = env_choice(kCeLogitsEnv, "fp32", {"fp32", "bf16"}) == "bf16";
+  return on;
+}
+
 at::Tensor logits_for_kernels(const at::Tensor& h, const at::Tensor& weight) {
-  auto lf = logits_fp32(h, weight);
-  DFLASH_CHECK(lf.scalar_type() == at::kFloat && lf.stride(1) == 1,
-               "linear CE: fp32 logits with unit column stride expected");
+  auto lf = half_logits() ? at::mm(h, weight.t()) : logits_fp32(h, weight);
+  DFLASH_CHECK(lf.stride(1) == 1, "linear CE: logits with unit column stride expected");
   return lf;
 }
 
@@ -89,7 +95,7 @@ at::Tensor logits_for_kernels(const at::Tensor& h, const at::Tensor& weight) {
 void chunk_grad(const at::Tensor& lf, const at::Tensor& labels, const at::Tensor& lse, const at::Tensor& coef,
                 int64_t c0, at::Tensor& g, const at::Tensor& weight, at::Tensor& grad_h, cudaStream_t stream) {
   const int64_t n = lf.size(0), V = lf.size(1);
-  kernels::ce_grad(lf.data_ptr<float>(), n, V, lf.stride(0), labels.data_ptr<int64_t>() + c0,
+  kernels::ce_grad(lf.data_ptr(), kernels::dtype_of(lf), n, V, lf.stride(0), labels.data_ptr<int64_t>() + c0,
                    lse.data_ptr<float>() + c0, coef.data_ptr<float>() + c0, g.data_ptr(), kernels::dtype_of(g), stream);
   auto rows = grad_h.narrow(0, c0, n);
   at::mm_out(rows, g.narrow(0, 0, n), weight);
@@ -107,7 +113,7 @@ at::Tensor forward(const at::Tensor& hidden, const at::Tensor& weight, const at:
   for (int64_t c0 = 0; c0 < M; c0 += chunk) {
     const int64_t n = std::min(chunk, M - c0);
     auto lf = logits_for_kernels(hidden.narrow(0, c0, n), weight);
-    kernels::ce_stats(lf.data_ptr<float>(), n, V, lf.stride(0), labels.data_ptr<int64_t>() + c0,
+    kernels::ce_stats(lf.data_ptr(), kernels::dtype_of(lf), n, V, lf.stride(0), labels.data_ptr<int64_t>() + c0,
                       coef.data_ptr<float>() + c0, lse.data_ptr<float>() + c0, wce.data_ptr<float>() + c0,
                       correct.data_ptr<bool>() + c0, stream);
     if (g.defined()) chunk_grad(lf, labels, lse, coef, c0, g, weight, grad_h, stream);

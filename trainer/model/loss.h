@@ -52,6 +52,9 @@ enum class CeMode { GradInForward, Recompute };
 enum class CeImpl { Auto, Aten, Cuda };
 
 inline constexpr const char* kCeFusedEnv = "DFLASH_CE_FUSED";
+// The CUDA kernels' logits dtype: "fp32" (default) or "bf16" (the hidden states' 16-bit dtype:
+// half the logits traffic, the rounding of the Python reference's bf16 LM head).
+inline constexpr const char* kCeLogitsEnv = "DFLASH_CE_LOGITS";
 
 // Whether the CUDA kernels can serve these hidden states: a CUDA build, a CUDA tensor, bf16 or fp16.
 bool ce_cuda_available(const at::Tensor& hidden);

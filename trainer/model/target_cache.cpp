@@ -146,11 +146,12 @@ TargetCache::Step TargetCache::extend(const std::vector<std::vector<int64_t>>& t
   };
 
   TargetModel::Attention attend;
+  at::Tensor kernel_meta;  // the causal kernel's tile metadata, shared by the layers
   if (fresh) {
     at::Tensor cu_dev = at::tensor(cu, at::kLong).to(at::kInt).to(dev);
     attend = [&, cu_dev](int64_t l, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
       store(l, k, v);
-      return ops::varlen_causal_attention(q, k, v, cu, cu_dev, n_max, scale);
+      return ops::varlen_causal_attention(q, k, v, cu, cu_dev, n_max, scale, &kernel_meta);
     };
   } else {
     // The attention runs over attended_rows(act): the active rows and idle ones whose queries

@@ -67,10 +67,11 @@ TargetModel::Output StaticKVCache::prefill_capture(const std::vector<int64_t>& w
   auto on_dev = [&](const std::vector<int64_t>& v) { return at::tensor(v, at::kLong).to(dev); };
   at::Tensor rows_t = on_dev(row_of), slot_t = on_dev(slot);
   at::Tensor cu_dev = at::tensor(cu, at::kLong).to(at::kInt).to(dev);
+  at::Tensor kernel_meta;  // the causal kernel's tile metadata, shared by the layers
   TargetModel::Attention attend = [&](int64_t l, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
     k_[l].index_put_({rows_t, slot_t}, k);
     v_[l].index_put_({rows_t, slot_t}, v);
-    return ops::varlen_causal_attention(q, k, v, cu, cu_dev, n_max, scale);
+    return ops::varlen_causal_attention(q, k, v, cu, cu_dev, n_max, scale, &kernel_meta);
   };
   TargetModel::Output out = model_.forward_with(at::tensor(flat, at::kLong), at::tensor(slot, at::kLong), layer_ids,
                                                 attend, at::tensor(last, at::kLong));

@@ -1,6 +1,7 @@
 // Target model building blocks (see target_ops.h).
 #include "trainer/model/target_ops.h"
 
+#include <atomic>
 #include <string>
 
 #include <ATen/ATen.h>
@@ -13,6 +14,10 @@
 
 #include "trainer/model/target_kernels_dtype.h"
 #endif
+#if DFLASH_ATTENTION_KERNEL
+#include "attention/kernel.h"
+#endif
+#include "core/log.h"
 
 namespace dflash::model::ops {
 
@@ -55,12 +60,28 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_heads(at::Tensor& qkv, int64_
                                                          int64_t hd, const at::Tensor& q_norm,
                                                          const at::Tensor& k_norm, double eps,
                                                          const at::Tensor& cos,
-                                                         const at::Tensor& sin) {
+                                                         const at::Tensor& sin, bool head_major) {
   const int64_t T = qkv.size(0);
   auto view = [&](int64_t head0, int64_t heads) {
     return qkv.narrow(1, head0 * hd, heads * hd).view({T, heads, hd});
   };
 #ifdef DFLASH_CUDA
+  if (head_major && qkv.is_cuda() && hd == 128 && qkv.stride(1) == 1 && qkv.stride(0) % 2 == 0 &&
+      (qkv.scalar_type() == at::kBFloat16 || qkv.scalar_type() == at::kHalf) &&
+      reinterpret_cast<uintptr_t>(qkv.data_ptr()) % 4 == 0) {
+    DFLASH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.scalar_type() == at::kFloat,
+                 "qkv_heads: cos/sin must be contiguous float32");
+    DFLASH_CHECK(!q_norm.defined() || (q_norm.is_contiguous() && q_norm.scalar_type() == qkv.scalar_type()),
+                 "qkv_heads: q_norm must be contiguous and of qkv's dtype");
+    at::Tensor qo = at::empty({nq, T, hd}, qkv.options()), ko = at::empty({nkv, T, hd}, qkv.options()),
+               vo = at::empty({nkv, T, hd}, qkv.options());
+    kernels::qkv_split_heads(qkv.data_ptr(), T, qkv.stride(0), int(nq), int(nkv),
+                             q_norm.defined() ? q_norm.data_ptr() : nullptr,
+                             k_norm.defined() ? k_norm.data_ptr() : nullptr, float(eps), cos.data_ptr<float>(),
+                             sin.data_ptr<float>(), qo.data_ptr(), ko.data_ptr(), vo.data_ptr(), kernels::dtype_of(qkv),
+                             at::cuda::getCurrentCUDAStream());
+    return {qo.transpose(0, 1), ko.transpose(0, 1), vo.transpose(0, 1)};
+  }
   if (qkv.is_cuda() && hd <= 256 && qkv.stride(1) == 1) {
     DFLASH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.scalar_type() == at::kFloat,
                  "qkv_heads: cos/sin must be contiguous float32");
@@ -94,20 +115,71 @@ at::Tensor silu_mul(const at::Tensor& gu, int64_t I) {
   return at::silu(gu.narrow(1, 0, I)) * gu.narrow(1, I, I);
 }
 
+namespace {
+
+bool kernel_can_run(at::ScalarType dtype, int64_t head_dim) {
+#if DFLASH_ATTENTION_KERNEL
+  return dtype == at::kBFloat16 && (head_dim == 64 || head_dim == 128) && attention::forward_is_wgmma();
+#else
+  (void)dtype;
+  (void)head_dim;
+  return false;
+#endif
+}
+
+}  // namespace
+
+const char* causal_backend_name(CausalBackend b) {
+  switch (b) {
+    case CausalBackend::Kernel: return "dflash kernel (causal, wgmma)";
+    case CausalBackend::Flash: return "flash-attention-2 varlen";
+    case CausalBackend::Cudnn: return "cuDNN varlen";
+    case CausalBackend::Cpu: return "SDPA per document";
+  }
+  return "?";
+}
+
+CausalBackend causal_backend(const at::Tensor& q) { return causal_backend(q.scalar_type(), q.device(), q.size(-1)); }
+
+CausalBackend causal_backend(at::ScalarType dtype, const at::Device& device, int64_t head_dim) {
+  if (!device.is_cuda() || (dtype != at::kBFloat16 && dtype != at::kHalf)) return CausalBackend::Cpu;
+  static const std::string choice = env_choice(kAttentionBackendEnv, "auto", {"auto", "kernel", "flash", "cudnn"});
+  if (choice == "flash") return CausalBackend::Flash;
+  if (choice == "cudnn") return CausalBackend::Cudnn;
+  if (kernel_can_run(dtype, head_dim)) return CausalBackend::Kernel;
+  if (choice == "kernel")
+    throw_user("{}=kernel: the DFlash attention kernel's causal mode needs its Hopper forward (an sm_90 GPU "
+               "and a build with sm_90a in DFLASH_CUDA_ARCHS), bf16 and head_dim 64 or 128; got {} on {}, head_dim {}",
+               kAttentionBackendEnv, c10::toString(dtype), device.str(), head_dim);
+  return CausalBackend::Flash;
+}
+
 at::Tensor varlen_causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                    const std::vector<int64_t>& cu, const at::Tensor& cu_dev,
-                                   int64_t max_len, double scale) {
-  if (q.is_cuda() && (q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf)) {
-    static const bool use_cudnn = env_choice(kAttentionBackendEnv, "flash", {"flash", "cudnn"}) == "cudnn";
-    if (use_cudnn) {
+                                   int64_t max_len, double scale, at::Tensor* kernel_meta) {
+  const CausalBackend backend = causal_backend(q);
+  static std::atomic<bool> said{false};
+  if (backend != CausalBackend::Cpu && !said.exchange(true)) log::info("target attention: {}", causal_backend_name(backend));
+  switch (backend) {
+    case CausalBackend::Kernel: {
+#if DFLASH_ATTENTION_KERNEL
+      at::Tensor local;
+      return attention::kernel_causal_varlen(q, k, v, cu_dev, scale, kernel_meta ? *kernel_meta : local);
+#else
+      break;
+#endif
+    }
+    case CausalBackend::Cudnn:
       return std::get<0>(at::_cudnn_attention_forward(q.contiguous(), k.contiguous(), v.contiguous(),
                                                       {}, cu_dev, cu_dev, max_len, max_len,
                                                       /*compute_log_sumexp=*/false, 0.0,
                                                       /*is_causal=*/true, false, scale));
+    case CausalBackend::Flash: {
+      auto res = at::_flash_attention_forward(q, k, v, cu_dev, cu_dev, max_len, max_len, 0.0,
+                                              /*is_causal=*/true, /*return_debug_mask=*/false, scale);
+      return std::get<0>(res);
     }
-    auto res = at::_flash_attention_forward(q, k, v, cu_dev, cu_dev, max_len, max_len, 0.0,
-                                            /*is_causal=*/true, /*return_debug_mask=*/false, scale);
-    return std::get<0>(res);
+    case CausalBackend::Cpu: break;
   }
   at::Tensor out = at::empty(q.sizes(), q.options());
   for (size_t d = 0; d + 1 < cu.size(); ++d) {

@@ -29,25 +29,39 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
 // [T, nkv, hd], with the per-head RMSNorm (q_norm/k_norm defined: qwen3) and RoPE applied to q
 // and k. On CUDA this runs one kernel in place on qkv and returns views of it (row stride
 // (nq + 2 nkv) * hd); on CPU it mirrors transformers' arithmetic and returns new tensors.
+// head_major (CUDA, 16-bit, hd 128; ignored elsewhere): one kernel writes q, k and v out of place
+// into head-major buffers [heads, T, hd] and returns [T, heads, hd] views of them (head stride
+// T * hd), whose attention-kernel tiles are contiguous (varlen_causal_attention's kernel backend).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_heads(at::Tensor& qkv, int64_t nq, int64_t nkv,
                                                          int64_t hd, const at::Tensor& q_norm,
                                                          const at::Tensor& k_norm, double eps,
                                                          const at::Tensor& cos,
-                                                         const at::Tensor& sin);
+                                                         const at::Tensor& sin, bool head_major = false);
 
 // silu(gu[:, :I]) * gu[:, I:] for gu [T, 2I]: [T, I].
 at::Tensor silu_mul(const at::Tensor& gu, int64_t I);
 
-// Environment knob: the CUDA attention backend of the packed forward, "flash" (default:
-// FlashAttention-2 varlen through at::_flash_attention_forward) or "cudnn" (cuDNN's varlen
-// attention through at::_cudnn_attention_forward). Read once per process.
+// Environment knob: the CUDA attention backend of the packed forward, read once per process:
+//   auto   (default) the DFlash attention kernel's causal mode (attention/kernel.h) where its
+//          Hopper forward runs (sm_90a build on an sm_90 GPU), bf16, head_dim 64 or 128; else flash
+//   kernel the same, and a user error where it cannot run
+//   flash  FlashAttention-2 varlen through at::_flash_attention_forward
+//   cudnn  cuDNN's varlen attention through at::_cudnn_attention_forward (measured 60x slower)
 constexpr const char* kAttentionBackendEnv = "DFLASH_TARGET_ATTENTION";
+
+enum class CausalBackend { Kernel, Flash, Cudnn, Cpu };
+// The backend varlen_causal_attention uses for q (its device, dtype and head_dim).
+CausalBackend causal_backend(const at::Tensor& q);
+CausalBackend causal_backend(at::ScalarType dtype, const at::Device& device, int64_t head_dim);
+const char* causal_backend_name(CausalBackend b);
 
 // Causal attention inside each document of a packed stream: q [T, nq, hd], k/v [T, nkv, hd]
 // (nq a multiple of nkv) -> [T, nq, hd]. `cu` host offsets, `cu_dev` the same as int32 on the
-// device, `max_len` the longest document.
+// device, `max_len` the longest document. `kernel_meta`, when given, caches the kernel backend's
+// tile metadata for the layers of one pass (built at the first call when undefined; the caller
+// resets it when cu changes).
 at::Tensor varlen_causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                    const std::vector<int64_t>& cu, const at::Tensor& cu_dev,
-                                   int64_t max_len, double scale);
+                                   int64_t max_len, double scale, at::Tensor* kernel_meta = nullptr);
 
 }  // namespace dflash::model::ops

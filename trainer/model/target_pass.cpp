@@ -56,6 +56,7 @@ void TargetPass::pack(const at::Tensor& ids_in, const at::Tensor& cu_seqlens, co
   cu = check_cu_seqlens(cu_seqlens, T);
   for (size_t b = 0; b + 1 < cu.size(); ++b) max_len = std::max(max_len, cu[b + 1] - cu[b]);
   cu_dev = at::tensor(cu, at::kLong).to(at::kInt).to(device);
+  kernel_meta = at::Tensor();
   at::Tensor pos = ops::positions_from_cu(cu, T).to(device);
   std::tie(cos, sin) = ops::rope_cos_sin(pos, inv_freq);
 }
@@ -85,7 +86,7 @@ void TargetPass::after_layer(int64_t l, const at::Tensor& x) {
 at::Tensor TargetPass::attention(int64_t l, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) const {
   if (attend) return (*attend)(l, q, k, v);
   const double scale = 1.0 / std::sqrt(double(q.size(2)));
-  return ops::varlen_causal_attention(q, k, v, cu, cu_dev, max_len, scale);
+  return ops::varlen_causal_attention(q, k, v, cu, cu_dev, max_len, scale, &kernel_meta);
 }
 
 }  // namespace dflash::model

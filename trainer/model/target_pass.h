@@ -33,6 +33,7 @@ struct TargetPass {
   std::vector<int64_t> cu;  // host copy
   at::Tensor cu_dev;        // int32 on device
   int64_t max_len = 0;      // the longest document
+  mutable at::Tensor kernel_meta;  // the attention kernel's tile metadata of cu, built by the first layer
   const TargetModel::Attention* attend = nullptr;  // set: every layer's attention (forward_with)
 
   // Packed mode: documents given by cu_seqlens (checked here; the ids are not).
