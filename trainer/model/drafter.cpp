@@ -485,36 +485,19 @@ at::Tensor Drafter::hidden(const DrafterBatch& batch, const Blocks& blocks, cons
   auto [cos_q, sin_q] = rope_tables(qpos, d, s.rope_theta, dtype_);
   auto [cos_k, sin_k] = rope_tables(kvpos, d, s.rope_theta, dtype_);
 
-  // K and V of the context for every layer in one GEMM, ctx [B, S, H] x [L * 2kvd, H]^T, split
-  // per layer (k_0, v_0, k_1, ...). The weights are concatenated on the fly (the parameters stay
-  // the separate q/k/v tensors; autograd splits their gradients back), and split_with_sizes,
-  // whose backward is one cat, rather than narrow (zeros and a copy per slice).
-  const int64_t kvd = hkv * d, nl = static_cast<int64_t>(layers_.size());
-  std::vector<at::Tensor> kv_ctx;
-  if (nl > 0) {
-    std::vector<at::Tensor> w_kv;
-    for (const auto& L : layers_) w_kv.insert(w_kv.end(), {L.k, L.v});
-    kv_ctx = at::linear(ctx, at::cat(w_kv, 0)).split_with_sizes(std::vector<int64_t>(2 * nl, kvd), -1);
-  }
-
   auto x = at::embedding(embed_, ids);  // [B, Q, H]
-  for (int64_t l = 0; l < nl; ++l) {
-    const auto& L = layers_[l];
+  for (const auto& L : layers_) {
     auto h = rms(x, L.in_norm, s.rms_norm_eps);
-    // q alone (its GEMM output is contiguous, as the fused head norm wants it); k and v of the block
-    // tokens in one GEMM, [B, Q, 2kvd], split
     auto q = at::linear(h, L.q).view({B, Q, hq, d});
     q = norm_rope(q, L.q_norm, s.rms_norm_eps, cos_q, sin_q, fused_default()).transpose(1, 2);
-    auto kv_h = at::linear(h, at::cat({L.k, L.v}, 0)).split_with_sizes({kvd, kvd}, -1);
-    // keys and values: context first, then the block tokens (contiguous [B, S + Q, kvd])
-    auto k = at::cat({kv_ctx[2 * l], kv_h[0]}, 1).view({B, S + Q, hkv, d});
+    auto kv_in = at::cat({ctx, h}, 1);  // context first, then the block tokens
+    auto k = at::linear(kv_in, L.k).view({B, S + Q, hkv, d});
     k = norm_rope(k, L.k_norm, s.rms_norm_eps, cos_k, sin_k, fused_default()).transpose(1, 2);
-    auto v = at::cat({kv_ctx[2 * l + 1], kv_h[1]}, 1).view({B, S + Q, hkv, d}).transpose(1, 2);
-    auto o = attention::attend(q, k, v, prep).transpose(1, 2).reshape({B * Q, hq * d});
-    // residual adds inside the GEMMs (addmm, beta = 1): one pass over x less each
-    x = at::addmm(x.view({B * Q, H}), o, L.o.t());
+    auto v = at::linear(kv_in, L.v).view({B, S + Q, hkv, d}).transpose(1, 2);
+    auto o = attention::attend(q, k, v, prep).transpose(1, 2).reshape({B, Q, hq * d});
+    x = x + at::linear(o, L.o);
     auto h2 = rms(x, L.post_norm, s.rms_norm_eps);
-    x = at::addmm(x, swiglu(at::linear(h2, L.gate), at::linear(h2, L.up), fused_default()), L.down.t()).view({B, Q, H});
+    x = x + at::linear(swiglu(at::linear(h2, L.gate), at::linear(h2, L.up), fused_default()), L.down);
   }
   return rms(x, norm_, s.rms_norm_eps);
 }
