@@ -149,7 +149,7 @@ void breakdown(const TargetModel& m, int64_t B, int64_t S, int iters, double pea
   auto [cos, sin] = ops::rope_cos_sin(ops::positions_from_cu(cu, T).to(dev),
                                       dflash::model::rope_inv_freq(c).to(dev));
   // as the model: head-major q, k, v when the attention kernel runs (target.cpp)
-  const bool head_major = ops::causal_backend(m.dtype(), dev, hd) == ops::CausalBackend::Kernel;
+  const bool head_major = false;  // off in the model too (target.cpp)
   auto [q, k, v] = ops::qkv_heads(qkv, nq, nkv, hd, w.q_norm, w.k_norm, c.rms_norm_eps, cos, sin, head_major);
   const double scale = 1.0 / std::sqrt(double(hd));
   at::Tensor meta;  // the kernel backend's tile metadata, built once per pass as in the model

@@ -132,7 +132,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 // The head-major split (one kernel: q/k RMSNorm + RoPE out of place, v copied) against the in-place
 // kernel the flash backend uses: the same float32 arithmetic, so equal up to one bf16 rounding
-// (the compiler may contract differently: |a - b| <= 2^-8 |b| + 1e-6); v bit-exact.
+// (the compiler may contract differently: one bf16 ulp, |a - b| <= 2^-7 |b| + 1e-6); v bit-exact.
 TEST(CausalKernelInputs, HeadMajorSplitMatchesInPlace) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device or kernel not built";
 #if DFLASH_ATTENTION_KERNEL
@@ -152,7 +152,7 @@ TEST(CausalKernelInputs, HeadMajorSplitMatchesInPlace) {
   EXPECT_EQ(q2.stride(0), hd);
   auto close = [](const at::Tensor& a, const at::Tensor& b) {
     auto af = a.to(at::kFloat), bf = b.to(at::kFloat);
-    return ((af - bf).abs() - (bf.abs() * (1.0 / 256) + 1e-6)).max().item<double>() <= 0.0;
+    return ((af - bf).abs() - (bf.abs() * (1.0 / 128) + 1e-6)).max().item<double>() <= 0.0;
   };
   EXPECT_TRUE(close(q2, q1));
   EXPECT_TRUE(close(k2, k1));
