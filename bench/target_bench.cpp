@@ -148,9 +148,7 @@ void breakdown(const TargetModel& m, int64_t B, int64_t S, int iters, double pea
   at::Tensor cu_dev = at::tensor(cu, at::kLong).to(at::kInt).to(dev);
   auto [cos, sin] = ops::rope_cos_sin(ops::positions_from_cu(cu, T).to(dev),
                                       dflash::model::rope_inv_freq(c).to(dev));
-  // as the model: head-major q, k, v when the attention kernel runs (target.cpp)
-  const bool head_major = false;  // off in the model too (target.cpp)
-  auto [q, k, v] = ops::qkv_heads(qkv, nq, nkv, hd, w.q_norm, w.k_norm, c.rms_norm_eps, cos, sin, head_major);
+  auto [q, k, v] = ops::qkv_heads(qkv, nq, nkv, hd, w.q_norm, w.k_norm, c.rms_norm_eps, cos, sin);
   const double scale = 1.0 / std::sqrt(double(hd));
   at::Tensor meta;  // the kernel backend's tile metadata, built once per pass as in the model
   at::Tensor attn = ops::varlen_causal_attention(q, k, v, cu, cu_dev, S, scale, &meta);
@@ -166,8 +164,8 @@ void breakdown(const TargetModel& m, int64_t B, int64_t S, int iters, double pea
   std::vector<Item> items = {
       {"rms_norm (x2 per layer)", 0, [&] { ops::rms_norm(x, w.input_norm, c.rms_norm_eps); }},
       {"qkv GEMM", 2.0 * T * H * w.wqkv.size(0), [&] { at::mm(h, w.wqkv.t()); }},
-      {head_major ? "q/k norm + RoPE, head-major split" : "q/k norm + RoPE (in place)", 0, [&] {
-         ops::qkv_heads(qkv, nq, nkv, hd, w.q_norm, w.k_norm, c.rms_norm_eps, cos, sin, head_major);
+      {"q/k norm + RoPE", 0, [&] {
+         ops::qkv_heads(qkv, nq, nkv, hd, w.q_norm, w.k_norm, c.rms_norm_eps, cos, sin);
        }},
       {attn_name.c_str(), 4.0 * nq * hd * double(S + 1) / 2 * T,
        [&] { ops::varlen_causal_attention(q, k, v, cu, cu_dev, S, scale, &meta); }},

@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # The target's packed causal attention on one GPU (about 1 minute): the attention kernel's GPU
-# tests (its causal mode for packed documents against fp32 and FlashAttention-2, the head-major
-# q/k/v split, the DFlash mask), the attention alone (flash, the kernel's causal mode, cuDNN) at
-# the capture shapes, and the capture forward with the default backend (the kernel on Hopper, with
-# head-major q/k/v) and with DFLASH_TARGET_ATTENTION=flash in the same run, each with its per-op
+# tests (its causal mode for packed documents against fp32 and FlashAttention-2, the DFlash
+# mask), the attention alone (flash, the kernel's causal mode, cuDNN) at
+# the capture shapes, and the capture forward with the default backend (the kernel on Hopper) and with DFLASH_TARGET_ATTENTION=flash in the same run, each with its per-op
 # breakdown.
 #   bash bench/gpu/causal.sh BUILD_DIR OUT_DIR          (bash bench/gpu/run_all.sh causal)
 # targets: test_attention target_bench

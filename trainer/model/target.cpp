@@ -279,14 +279,11 @@ at::Tensor TargetModel::run_layers(Pass& pass) const {
   const double eps = c.rms_norm_eps;
 
   at::Tensor x = at::embedding(embed_, pass.ids);  // [T, H], the residual stream
-  // head-major q, k, v (ops::qkv_heads) measured no faster on the kernel backend (bench/RESULTS.md,
-  // 2026-12-02 "causal"): off; its GPU test has one open failure to look into
-  const bool head_major = false;
   for (int64_t l = 0; l < pass.run_layers; ++l) {
     const Layer& w = layers_[l];
     at::Tensor h = ops::rms_norm(x, w.input_norm, eps);
     at::Tensor qkv = at::mm(h, w.wqkv.t());  // [T, (nq + 2 nkv) hd]
-    auto [q, k, v] = ops::qkv_heads(qkv, nq, nkv, hd, w.q_norm, w.k_norm, eps, pass.cos, pass.sin, head_major);
+    auto [q, k, v] = ops::qkv_heads(qkv, nq, nkv, hd, w.q_norm, w.k_norm, eps, pass.cos, pass.sin);
 
     at::Tensor attn = pass.attention(l, q, k, v);
     x.addmm_(attn.reshape({T, nq * hd}), w.wo.t());

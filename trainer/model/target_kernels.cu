@@ -4,9 +4,6 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
-#include <stdexcept>
-#include <type_traits>
-
 #include "core/launch_check.h"
 #include "trainer/model/kernel_types.cuh"
 
@@ -67,61 +64,6 @@ __global__ void qk_norm_rope_kernel(T* __restrict__ qkv, int64_t T_tokens, int64
       x[p + half] = from_f<T>(y2 * cc + y1 * sn);
     }
   }
-}
-
-// Out-of-place and head-major, hd = 128, 16-bit T: one warp per (token, head) of q, k and v; lane l
-// owns the rotation pairs p = 2l, 2l + 1 (4-byte loads of x[p], x[p + 64]; float2 of cos/sin), so a
-// warp moves its head's 256 bytes in two fully used 128-byte transactions each way. q and k heads
-// get the norm and RoPE, v heads are copied. Outputs [heads, T, 128] contiguous.
-template <typename T>
-__global__ void qkv_split_heads_kernel(const T* __restrict__ qkv, int64_t T_tokens, int64_t ld, int nq, int nkv,
-                                       const T* __restrict__ q_norm, const T* __restrict__ k_norm, float eps,
-                                       const float* __restrict__ cos, const float* __restrict__ sin,
-                                       T* __restrict__ q_out, T* __restrict__ k_out, T* __restrict__ v_out) {
-  constexpr int hd = 128, half = 64;
-  using T2 = typename std::conditional<std::is_same<T, __half>::value, __half2, __nv_bfloat162>::type;
-  const int warps_per_block = blockDim.x / 32;
-  const int64_t warp = int64_t(blockIdx.x) * warps_per_block + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  const int heads = nq + 2 * nkv;
-  if (warp >= T_tokens * heads) return;
-  // head-major order of the warps: consecutive warps are consecutive tokens of one head, so that
-  // their stores fill whole lines of the head's output rows
-  const int h = int(warp / T_tokens);
-  const int64_t t = warp % T_tokens;
-  const T* x = qkv + t * ld + int64_t(h) * hd;
-  T* y = h < nq ? q_out + (int64_t(h) * T_tokens + t) * hd
-       : h < nq + nkv ? k_out + (int64_t(h - nq) * T_tokens + t) * hd
-                      : v_out + (int64_t(h - nq - nkv) * T_tokens + t) * hd;
-  const int p = 2 * lane;
-  const T2 xa = *reinterpret_cast<const T2*>(x + p), xb = *reinterpret_cast<const T2*>(x + p + half);
-  if (h >= nq + nkv) {  // v: a copy
-    *reinterpret_cast<T2*>(y + p) = xa;
-    *reinterpret_cast<T2*>(y + p + half) = xb;
-    return;
-  }
-  float a0 = to_f(xa.x), a1 = to_f(xa.y), b0 = to_f(xb.x), b1 = to_f(xb.y);
-  const T* w = h < nq ? q_norm : k_norm;
-  if (w) {
-    float ss = a0 * a0 + a1 * a1 + b0 * b0 + b1 * b1;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    const float scale = rsqrtf(ss / float(hd) + eps);
-    const T2 wa = *reinterpret_cast<const T2*>(w + p), wb = *reinterpret_cast<const T2*>(w + p + half);
-    a0 = a0 * scale * to_f(wa.x);
-    a1 = a1 * scale * to_f(wa.y);
-    b0 = b0 * scale * to_f(wb.x);
-    b1 = b1 * scale * to_f(wb.y);
-  }
-  const float2 c = *reinterpret_cast<const float2*>(cos + t * half + p);
-  const float2 sn = *reinterpret_cast<const float2*>(sin + t * half + p);
-  T2 ya, yb;
-  ya.x = from_f<T>(a0 * c.x - b0 * sn.x);
-  ya.y = from_f<T>(a1 * c.y - b1 * sn.y);
-  yb.x = from_f<T>(b0 * c.x + a0 * sn.x);
-  yb.y = from_f<T>(b1 * c.y + a1 * sn.y);
-  *reinterpret_cast<T2*>(y + p) = ya;
-  *reinterpret_cast<T2*>(y + p + half) = yb;
 }
 
 __device__ __forceinline__ float silu_f(float g) { return g / (1.f + __expf(-g)); }
@@ -417,19 +359,6 @@ void launch_qk(void* qkv, int64_t T_tokens, int64_t ld, int nq, int nkv, int hd,
 }
 
 template <typename T>
-void launch_split(const void* qkv, int64_t T_tokens, int64_t ld, int nq, int nkv, const void* qn, const void* kn,
-                  float eps, const float* cos, const float* sin, void* qo, void* ko, void* vo, cudaStream_t st) {
-  const int threads = 256, warps = threads / 32;
-  const int64_t total = T_tokens * (nq + 2 * nkv);
-  const int64_t blocks = (total + warps - 1) / warps;
-  if (blocks == 0) return;
-  qkv_split_heads_kernel<T><<<unsigned(blocks), threads, 0, st>>>(
-      static_cast<const T*>(qkv), T_tokens, ld, nq, nkv, static_cast<const T*>(qn), static_cast<const T*>(kn), eps,
-      cos, sin, static_cast<T*>(qo), static_cast<T*>(ko), static_cast<T*>(vo));
-  DFLASH_CHECK_LAUNCH("target q/k norm + RoPE, head-major split");
-}
-
-template <typename T>
 void launch_silu(const void* gu, void* out, int64_t T_tokens, int64_t I, cudaStream_t st) {
   const int threads = 256;
   bool vec = sizeof(T) == 2 && I % 8 == 0 && reinterpret_cast<uintptr_t>(gu) % 16 == 0 &&
@@ -486,20 +415,6 @@ void qk_norm_rope(void* qkv, int64_t T, int64_t ld, int nq, int nkv, int hd, con
     case DType::BF16: launch_qk<__nv_bfloat16>(qkv, T, ld, nq, nkv, hd, q_norm, k_norm, eps, cos, sin, stream); break;
     case DType::F16: launch_qk<__half>(qkv, T, ld, nq, nkv, hd, q_norm, k_norm, eps, cos, sin, stream); break;
     case DType::F32: launch_qk<float>(qkv, T, ld, nq, nkv, hd, q_norm, k_norm, eps, cos, sin, stream); break;
-  }
-}
-
-void qkv_split_heads(const void* qkv, int64_t T, int64_t ld, int nq, int nkv, const void* q_norm, const void* k_norm,
-                     float eps, const float* cos, const float* sin, void* q_out, void* k_out, void* v_out, DType dtype,
-                     cudaStream_t stream) {
-  switch (dtype) {
-    case DType::BF16:
-      launch_split<__nv_bfloat16>(qkv, T, ld, nq, nkv, q_norm, k_norm, eps, cos, sin, q_out, k_out, v_out, stream);
-      break;
-    case DType::F16:
-      launch_split<__half>(qkv, T, ld, nq, nkv, q_norm, k_norm, eps, cos, sin, q_out, k_out, v_out, stream);
-      break;
-    case DType::F32: throw std::runtime_error("qkv_split_heads: 16-bit dtypes only");
   }
 }
 

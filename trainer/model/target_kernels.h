@@ -21,13 +21,6 @@ void qk_norm_rope(void* qkv, int64_t T, int64_t ld, int nq, int nkv, int hd, con
                   const void* k_norm, float eps, const float* cos, const float* sin, DType dtype,
                   cudaStream_t stream);
 
-// The same norm and RoPE out of place, into head-major buffers: q_out [nq, T, 128], k_out and
-// v_out [nkv, T, 128] (contiguous; v copied), the layout the attention kernel's tiles load
-// contiguously. hd must be 128, dtype bf16/fp16, qkv rows 4-byte aligned (ld even).
-void qkv_split_heads(const void* qkv, int64_t T, int64_t ld, int nq, int nkv, const void* q_norm, const void* k_norm,
-                     float eps, const float* cos, const float* sin, void* q_out, void* k_out, void* v_out, DType dtype,
-                     cudaStream_t stream);
-
 // out[t, i] = silu(gu[t, i]) * gu[t, I + i]; gu [T, 2I] contiguous, out [T, I] contiguous.
 void silu_mul(const void* gu, void* out, int64_t T, int64_t I, DType dtype, cudaStream_t stream);
 

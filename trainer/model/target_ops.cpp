@@ -60,28 +60,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_heads(at::Tensor& qkv, int64_
                                                          int64_t hd, const at::Tensor& q_norm,
                                                          const at::Tensor& k_norm, double eps,
                                                          const at::Tensor& cos,
-                                                         const at::Tensor& sin, bool head_major) {
+                                                         const at::Tensor& sin) {
   const int64_t T = qkv.size(0);
   auto view = [&](int64_t head0, int64_t heads) {
     return qkv.narrow(1, head0 * hd, heads * hd).view({T, heads, hd});
   };
 #ifdef DFLASH_CUDA
-  if (head_major && qkv.is_cuda() && hd == 128 && qkv.stride(1) == 1 && qkv.stride(0) % 2 == 0 &&
-      (qkv.scalar_type() == at::kBFloat16 || qkv.scalar_type() == at::kHalf) &&
-      reinterpret_cast<uintptr_t>(qkv.data_ptr()) % 4 == 0) {
-    DFLASH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.scalar_type() == at::kFloat,
-                 "qkv_heads: cos/sin must be contiguous float32");
-    DFLASH_CHECK(!q_norm.defined() || (q_norm.is_contiguous() && q_norm.scalar_type() == qkv.scalar_type()),
-                 "qkv_heads: q_norm must be contiguous and of qkv's dtype");
-    at::Tensor qo = at::empty({nq, T, hd}, qkv.options()), ko = at::empty({nkv, T, hd}, qkv.options()),
-               vo = at::empty({nkv, T, hd}, qkv.options());
-    kernels::qkv_split_heads(qkv.data_ptr(), T, qkv.stride(0), int(nq), int(nkv),
-                             q_norm.defined() ? q_norm.data_ptr() : nullptr,
-                             k_norm.defined() ? k_norm.data_ptr() : nullptr, float(eps), cos.data_ptr<float>(),
-                             sin.data_ptr<float>(), qo.data_ptr(), ko.data_ptr(), vo.data_ptr(), kernels::dtype_of(qkv),
-                             at::cuda::getCurrentCUDAStream());
-    return {qo.transpose(0, 1), ko.transpose(0, 1), vo.transpose(0, 1)};
-  }
   if (qkv.is_cuda() && hd <= 256 && qkv.stride(1) == 1) {
     DFLASH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.scalar_type() == at::kFloat,
                  "qkv_heads: cos/sin must be contiguous float32");
@@ -139,9 +123,10 @@ const char* causal_backend_name(CausalBackend b) {
   return "?";
 }
 
-CausalBackend causal_backend(const at::Tensor& q) { return causal_backend(q.scalar_type(), q.device(), q.size(-1)); }
-
-CausalBackend causal_backend(at::ScalarType dtype, const at::Device& device, int64_t head_dim) {
+CausalBackend causal_backend(const at::Tensor& q) {
+  const at::ScalarType dtype = q.scalar_type();
+  const at::Device device = q.device();
+  const int64_t head_dim = q.size(-1);
   if (!device.is_cuda() || (dtype != at::kBFloat16 && dtype != at::kHalf)) return CausalBackend::Cpu;
   static const std::string choice = env_choice(kAttentionBackendEnv, "auto", {"auto", "kernel", "flash", "cudnn"});
   if (choice == "flash") return CausalBackend::Flash;

@@ -29,14 +29,11 @@ at::Tensor rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& si
 // [T, nkv, hd], with the per-head RMSNorm (q_norm/k_norm defined: qwen3) and RoPE applied to q
 // and k. On CUDA this runs one kernel in place on qkv and returns views of it (row stride
 // (nq + 2 nkv) * hd); on CPU it mirrors transformers' arithmetic and returns new tensors.
-// head_major (CUDA, 16-bit, hd 128; ignored elsewhere): one kernel writes q, k and v out of place
-// into head-major buffers [heads, T, hd] and returns [T, heads, hd] views of them (head stride
-// T * hd), whose attention-kernel tiles are contiguous (varlen_causal_attention's kernel backend).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_heads(at::Tensor& qkv, int64_t nq, int64_t nkv,
                                                          int64_t hd, const at::Tensor& q_norm,
                                                          const at::Tensor& k_norm, double eps,
                                                          const at::Tensor& cos,
-                                                         const at::Tensor& sin, bool head_major = false);
+                                                         const at::Tensor& sin);
 
 // silu(gu[:, :I]) * gu[:, I:] for gu [T, 2I]: [T, I].
 at::Tensor silu_mul(const at::Tensor& gu, int64_t I);
@@ -52,7 +49,6 @@ constexpr const char* kAttentionBackendEnv = "DFLASH_TARGET_ATTENTION";
 enum class CausalBackend { Kernel, Flash, Cudnn, Cpu };
 // The backend varlen_causal_attention uses for q (its device, dtype and head_dim).
 CausalBackend causal_backend(const at::Tensor& q);
-CausalBackend causal_backend(at::ScalarType dtype, const at::Device& device, int64_t head_dim);
 const char* causal_backend_name(CausalBackend b);
 
 // Causal attention inside each document of a packed stream: q [T, nq, hd], k/v [T, nkv, hd]
