@@ -123,6 +123,7 @@ int main(int argc, char** argv) {
   if (set == "drafter" || set == "all")
     for (auto& c : drafter_cases()) cases.push_back(c);
   auto opt = at::TensorOptions().dtype(at::kBFloat16).device(dev);
+  (void)at::empty({1}, opt);  // CUDA and its caching allocator initialised before the handle's workspace
   cublasLtHandle_t lt = at::cuda::getCurrentCUDABlasLtHandle();
   const size_t ws_bytes = size_t(64) << 20;
   auto ws = at::empty({int64_t(ws_bytes)}, opt.dtype(at::kByte));
