@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/parse.h"
 #include "trainer/config.h"
+#include "trainer/model/gemm.h"
 #include "trainer/model/hf_config.h"
 #include "trainer/model/loss.h"
 #include "trainer/model/target.h"
@@ -450,12 +451,10 @@ void Drafter::set_target_weights(const at::Tensor& embed_tokens, const at::Tenso
   lm_head_ = lm_head.is_same(embed_tokens) ? embed_ : lm_head.detach().to(device_, dtype_);
 }
 
-at::Tensor Drafter::hidden(const DrafterBatch& batch, const Blocks& blocks, const BlockInputs& in,
-                           attention::Backend backend) const {
+at::Tensor Drafter::context(const DrafterBatch& batch) const {
   if (!embed_.defined()) throw_user("drafter: set_target_weights() was not called");
   const auto& s = spec_;
-  const int64_t B = batch.ids.size(0), S = batch.ids.size(1), N = blocks.num_blocks(), bs = blocks.block_size;
-  const int64_t Q = N * bs, H = s.hidden_size, hq = s.num_heads, hkv = s.num_kv_heads, d = s.head_dim;
+  const int64_t B = batch.ids.size(0), S = batch.ids.size(1), H = s.hidden_size;
   if (batch.features.dim() != 3 || batch.features.size(0) != B || batch.features.size(1) != S ||
       batch.features.size(2) != s.num_features() * H)
     throw_user("drafter batch: features must be [B={}, S={}, K*H={}] ({} target layers x hidden {}), got rank {} "
@@ -463,11 +462,27 @@ at::Tensor Drafter::hidden(const DrafterBatch& batch, const Blocks& blocks, cons
                B, S, s.num_features() * H, s.num_features(), H, batch.features.dim(), batch.features.size(0),
                batch.features.dim() > 1 ? batch.features.size(1) : -1,
                batch.features.dim() > 2 ? batch.features.size(2) : -1);
-  if (bs != s.block_size) throw_user("blocks: block size {} differs from the drafter's {}", bs, s.block_size);
 
   // Context: C = hidden_norm(fc(features)), once per forward, shared by all layers.
   auto feats = batch.features.to(device_, dtype_);
-  auto ctx = rms(at::linear(feats, fc_), hidden_norm_, s.rms_norm_eps);  // [B, S, H]
+  auto ctx = rms(gemm::linear(feats, fc_), hidden_norm_, s.rms_norm_eps);  // [B, S, H]
+  return ctx;
+}
+
+at::Tensor Drafter::hidden(const DrafterBatch& batch, const Blocks& blocks, const BlockInputs& in,
+                           attention::Backend backend) const {
+  return hidden(context(batch), batch, blocks, in, backend);
+}
+
+at::Tensor Drafter::hidden(const at::Tensor& ctx, const DrafterBatch& batch, const Blocks& blocks,
+                           const BlockInputs& in, attention::Backend backend) const {
+  if (!embed_.defined()) throw_user("drafter: set_target_weights() was not called");
+  const auto& s = spec_;
+  const int64_t B = batch.ids.size(0), S = batch.ids.size(1), N = blocks.num_blocks(), bs = blocks.block_size;
+  const int64_t Q = N * bs, H = s.hidden_size, hq = s.num_heads, hkv = s.num_kv_heads, d = s.head_dim;
+  DFLASH_CHECK(ctx.dim() == 3 && ctx.size(0) == B && ctx.size(1) == S && ctx.size(2) == H,
+               "drafter: the context must be context(batch), [B={}, S={}, H={}]", B, S, H);
+  if (bs != s.block_size) throw_user("blocks: block size {} differs from the drafter's {}", bs, s.block_size);
 
   // Mask (once per step, shared by all layers): context [doc_begin, anchor), own block.
   attention::MaskSpec ms;
@@ -478,7 +493,7 @@ at::Tensor Drafter::hidden(const DrafterBatch& batch, const Blocks& blocks, cons
   ms.block_size = bs;
   auto prep = attention::prepare(ms, backend, dtype_, device_);
 
-  // host inputs uploaded without waiting for the fc GEMM queued above
+  // host inputs uploaded without waiting for the context's fc GEMM queued before
   auto ids = device::to_device(in.input_ids, device_);
   auto qpos = device::to_device(in.positions, device_);
   auto kvpos = at::cat({device::to_device(in.ctx_positions, device_), qpos}, 1);  // [B, S + Q]
@@ -488,16 +503,16 @@ at::Tensor Drafter::hidden(const DrafterBatch& batch, const Blocks& blocks, cons
   auto x = at::embedding(embed_, ids);  // [B, Q, H]
   for (const auto& L : layers_) {
     auto h = rms(x, L.in_norm, s.rms_norm_eps);
-    auto q = at::linear(h, L.q).view({B, Q, hq, d});
+    auto q = gemm::linear(h, L.q).view({B, Q, hq, d});
     q = norm_rope(q, L.q_norm, s.rms_norm_eps, cos_q, sin_q, fused_default()).transpose(1, 2);
     auto kv_in = at::cat({ctx, h}, 1);  // context first, then the block tokens
-    auto k = at::linear(kv_in, L.k).view({B, S + Q, hkv, d});
+    auto k = gemm::linear(kv_in, L.k).view({B, S + Q, hkv, d});
     k = norm_rope(k, L.k_norm, s.rms_norm_eps, cos_k, sin_k, fused_default()).transpose(1, 2);
-    auto v = at::linear(kv_in, L.v).view({B, S + Q, hkv, d}).transpose(1, 2);
+    auto v = gemm::linear(kv_in, L.v).view({B, S + Q, hkv, d}).transpose(1, 2);
     auto o = attention::attend(q, k, v, prep).transpose(1, 2).reshape({B, Q, hq * d});
-    x = x + at::linear(o, L.o);
+    x = x + gemm::linear(o, L.o);
     auto h2 = rms(x, L.post_norm, s.rms_norm_eps);
-    x = x + at::linear(swiglu(at::linear(h2, L.gate), at::linear(h2, L.up), fused_default()), L.down);
+    x = x + gemm::linear(swiglu(gemm::linear(h2, L.gate), gemm::linear(h2, L.up), fused_default()), L.down);
   }
   return rms(x, norm_, s.rms_norm_eps);
 }
@@ -507,25 +522,50 @@ at::Tensor Drafter::logits(const DrafterBatch& batch, const Blocks& blocks, atte
   return at::matmul(hidden(batch, blocks, in, backend), lm_head_.t());
 }
 
+namespace {
+
+// `b` with its ids and loss mask on the host (what the block sampling and inputs read), read
+// before the context is queued: a device -> host copy after it would wait for the fc GEMM.
+DrafterBatch with_host_ids(const DrafterBatch& b) {
+  DrafterBatch h = b;
+  h.ids = b.ids.to(at::kCPU);
+  h.loss_mask = b.loss_mask.to(at::kCPU);
+  return h;
+}
+
+}  // namespace
+
+// forward and forward_blocks queue the context (the features' fc GEMM and norm, which do not
+// depend on the blocks) first, then do the step's host work (block sampling, block inputs,
+// weights, loss positions, the mask's records) while the device computes it.
 StepOutput Drafter::forward(const DrafterBatch& batch, const StepOptions& opt) const {
+  const DrafterBatch hb = with_host_ids(batch);
+  const at::Tensor ctx = context(hb);
   AnchorOptions ao;
   ao.block_size = spec_.block_size;
   ao.num_anchors = opt.num_anchors;
   ao.seed = opt.seed;
   ao.batch_index = batch.global_batch_index;
   ao.min_blocks = opt.min_blocks;
-  return forward_blocks(batch, sample_blocks(batch.loss_mask, batch.docs, ao), opt);
+  return forward_with_context(hb, ctx, sample_blocks(hb.loss_mask, hb.docs, ao), opt);
 }
 
 StepOutput Drafter::forward_blocks(const DrafterBatch& batch, const Blocks& blocks, const StepOptions& opt) const {
+  const DrafterBatch hb = with_host_ids(batch);
+  const at::Tensor ctx = context(hb);
+  return forward_with_context(hb, ctx, blocks, opt);
+}
+
+StepOutput Drafter::forward_with_context(const DrafterBatch& batch, const at::Tensor& ctx, const Blocks& blocks,
+                                         const StepOptions& opt) const {
   const int64_t bs = spec_.block_size;
   const double gamma = resolve_gamma(bs, opt.gamma);
   auto in = build_block_inputs(batch.ids, batch.loss_mask, batch.docs, blocks, spec_.mask_token_id);
   const int64_t B = in.weight.size(0), Q = in.weight.size(1), N = Q / bs;
 
   // Loss positions: w > 0 only (offset 0, dropped blocks, past the document end, prompt tokens
-  // carry no loss and never reach the LM head). Host work, uploaded before the forward is queued,
-  // so that nothing below waits for the device.
+  // carry no loss and never reach the LM head). Host work (while the device computes the
+  // context), uploaded before the layers are queued, so that nothing below waits for the device.
   auto w = in.weight.reshape({-1});                                              // CPU float
   auto wd = (in.weight.to(at::kDouble) * decay(bs, gamma).to(at::kDouble).repeat({N}).view({1, Q})).reshape({-1});
   auto sel = w.gt(0).nonzero().squeeze(1);                                       // CPU int64
@@ -537,23 +577,44 @@ StepOutput Drafter::forward_blocks(const DrafterBatch& batch, const Blocks& bloc
   auto labels = device::to_device(in.labels.reshape({-1}).index_select(0, sel), device_);
   auto sel_dev = device::to_device(sel, device_);
 
-  auto h = hidden(batch, blocks, in, opt.attention);  // [B, Q, H]
+  auto h = hidden(ctx, batch, blocks, in, opt.attention);  // [B, Q, H]
   auto hs = h.reshape({B * Q, h.size(2)}).index_select(0, sel_dev);
   DFLASH_CHECK(opt.loss_chunk >= 0, "StepOptions::loss_chunk = {}, expected > 0 (fused) or 0 (plain)", opt.loss_chunk);
   CeResult ce = opt.loss_chunk > 0 ? fused_linear_ce(hs, lm_head_, labels, coef, opt.loss_chunk,
                                                      opt.recompute_loss ? CeMode::Recompute : CeMode::GradInForward)
                                    : plain_linear_ce(hs, lm_head_, labels, coef);
   out.loss = ce.loss;
-  out.pending = {ce.correct, sel, w.gt(0), B, N, bs};
-  if (!opt.defer_metrics) out.finish();
+  out.pending = {ce.correct, sel, w.gt(0), at::Tensor(), nullptr, B, N, bs};
+  if (!opt.defer_metrics) {
+    out.finish();
+    return out;
+  }
+#ifdef DFLASH_CUDA
+  if (ce.correct.is_cuda()) {
+    // What finish() reads, copied now: queued behind the forward only, so that finish() (run once
+    // the backward is queued) waits for the forward's end, not for the backward's. The pinned
+    // blocks stay reserved until the copies are done (the host allocator records them).
+    auto to_pinned = [](const at::Tensor& t) {
+      auto h = at::empty(t.sizes(), t.options().device(at::kCPU).pinned_memory(true));
+      h.copy_(t, /*non_blocking=*/true);
+      return h;
+    };
+    out.pending.loss_host = to_pinned(ce.loss.detach());
+    out.pending.correct = to_pinned(ce.correct);
+    auto ready = std::make_shared<c10::Event>(c10::DeviceType::CUDA);
+    ready->record(at::cuda::getCurrentCUDAStream());
+    out.pending.ready = std::move(ready);
+  }
+#endif
   return out;
 }
 
 void StepOutput::finish() {
   if (!pending.correct.defined()) return;
-  loss_value = loss.detach().item<double>();
   const Pending p = std::move(pending);
   pending = Pending{};
+  if (p.ready) p.ready->synchronize();  // the copies queued at the forward's end
+  loss_value = p.loss_host.defined() ? p.loss_host.item<double>() : loss.detach().item<double>();
   auto correct = at::zeros({p.B * p.N * p.bs}, at::kBool);
   correct.index_put_({p.sel}, p.correct.to(at::kCPU));
   auto m = block_metrics(correct.view({p.B, p.N, p.bs}), p.valid.view({p.B, p.N, p.bs}));
