@@ -43,7 +43,6 @@
 #include "core/error.h"
 #include "trainer/model/hf_config.h"
 #include "trainer/model/safetensors.h"
-#include "trainer/model/gemm.h"
 #include "trainer/model/target.h"
 #include "trainer/model/target_ops.h"
 #if DFLASH_ATTENTION_KERNEL
@@ -240,11 +239,6 @@ int forward(const Args& a) {
                         first_ms, flop_tok / 1e9);
   }
   std::printf("%s", table.c_str());
-  const auto ts = dflash::model::gemm::tune_stats();
-  std::printf("gemm (%s=%s): %ld shape classes timed, %ld of them on a cuBLASLt algorithm, %.2f s of timing (in the "
-              "first calls above)\n",
-              dflash::model::gemm::kGemmTuneEnv, dflash::model::gemm::tuning_enabled() ? "on" : "0", long(ts.classes),
-              long(ts.lt_classes), ts.seconds);
   write_json(a.json, fmt::format("{{\"matmul_tflops\":{:.2f},\"rows\":[{}]}}", peak / 1e12, rows));
   std::fflush(stdout);
   if (!a.shapes.empty()) breakdown(m, a.shapes[0].first, a.shapes[0].second, a.iters, peak);

@@ -13,7 +13,6 @@
 #include "core/error.h"
 #include "core/parse.h"
 #include "trainer/config.h"
-#include "trainer/model/gemm.h"
 #include "trainer/model/hf_config.h"
 #include "trainer/model/loss.h"
 #include "trainer/model/target.h"
@@ -465,7 +464,7 @@ at::Tensor Drafter::context(const DrafterBatch& batch) const {
 
   // Context: C = hidden_norm(fc(features)), once per forward, shared by all layers.
   auto feats = batch.features.to(device_, dtype_);
-  auto ctx = rms(gemm::linear(feats, fc_), hidden_norm_, s.rms_norm_eps);  // [B, S, H]
+  auto ctx = rms(at::linear(feats, fc_), hidden_norm_, s.rms_norm_eps);  // [B, S, H]
   return ctx;
 }
 
@@ -503,16 +502,16 @@ at::Tensor Drafter::hidden(const at::Tensor& ctx, const DrafterBatch& batch, con
   auto x = at::embedding(embed_, ids);  // [B, Q, H]
   for (const auto& L : layers_) {
     auto h = rms(x, L.in_norm, s.rms_norm_eps);
-    auto q = gemm::linear(h, L.q).view({B, Q, hq, d});
+    auto q = at::linear(h, L.q).view({B, Q, hq, d});
     q = norm_rope(q, L.q_norm, s.rms_norm_eps, cos_q, sin_q, fused_default()).transpose(1, 2);
     auto kv_in = at::cat({ctx, h}, 1);  // context first, then the block tokens
-    auto k = gemm::linear(kv_in, L.k).view({B, S + Q, hkv, d});
+    auto k = at::linear(kv_in, L.k).view({B, S + Q, hkv, d});
     k = norm_rope(k, L.k_norm, s.rms_norm_eps, cos_k, sin_k, fused_default()).transpose(1, 2);
-    auto v = gemm::linear(kv_in, L.v).view({B, S + Q, hkv, d}).transpose(1, 2);
+    auto v = at::linear(kv_in, L.v).view({B, S + Q, hkv, d}).transpose(1, 2);
     auto o = attention::attend(q, k, v, prep).transpose(1, 2).reshape({B, Q, hq * d});
-    x = x + gemm::linear(o, L.o);
+    x = x + at::linear(o, L.o);
     auto h2 = rms(x, L.post_norm, s.rms_norm_eps);
-    x = x + gemm::linear(swiglu(gemm::linear(h2, L.gate), gemm::linear(h2, L.up), fused_default()), L.down);
+    x = x + at::linear(swiglu(at::linear(h2, L.gate), at::linear(h2, L.up), fused_default()), L.down);
   }
   return rms(x, norm_, s.rms_norm_eps);
 }

@@ -13,7 +13,6 @@
 #include <fmt/ranges.h>
 
 #include "core/error.h"
-#include "trainer/model/gemm.h"
 #include "trainer/model/safetensors.h"
 #include "trainer/model/target_cache.h"
 #include "trainer/model/target_ops.h"
@@ -283,14 +282,14 @@ at::Tensor TargetModel::run_layers(Pass& pass) const {
   for (int64_t l = 0; l < pass.run_layers; ++l) {
     const Layer& w = layers_[l];
     at::Tensor h = ops::rms_norm(x, w.input_norm, eps);
-    at::Tensor qkv = gemm::mm(h, w.wqkv.t());  // [T, (nq + 2 nkv) hd]
+    at::Tensor qkv = at::mm(h, w.wqkv.t());  // [T, (nq + 2 nkv) hd]
     auto [q, k, v] = ops::qkv_heads(qkv, nq, nkv, hd, w.q_norm, w.k_norm, eps, pass.cos, pass.sin);
 
     at::Tensor attn = pass.attention(l, q, k, v);
-    gemm::mm_out(x, attn.reshape({T, nq * hd}), w.wo.t(), /*accumulate=*/true);
+    x.addmm_(attn.reshape({T, nq * hd}), w.wo.t());
     h = ops::rms_norm(x, w.post_norm, eps);
-    at::Tensor gu = gemm::mm(h, w.w_gate_up.t());  // [T, 2I]
-    gemm::mm_out(x, ops::silu_mul(gu, I), w.w_down.t(), /*accumulate=*/true);
+    at::Tensor gu = at::mm(h, w.w_gate_up.t());  // [T, 2I]
+    x.addmm_(ops::silu_mul(gu, I), w.w_down.t());
     pass.after_layer(l, x);
   }
   return x;
