@@ -183,8 +183,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<optim::AdamW> opt_ptr;
   if (with_opt) {
     opt_ptr = std::make_unique<optim::AdamW>(drafter.named_parameters(), optim::AdamWOptions{});
-    std::printf("optimizer: %s AdamW (%s)\n", opt_ptr->fused() ? "fused multi-tensor" : "single-tensor",
-                optim::kOptimFusedEnv);
+    std::printf("optimizer: %s AdamW (%s)\n", opt_ptr->impl_name(), optim::kOptimFusedEnv);
   }
   if (with_opt) {
     std::printf("| S | B | attention / loss | fwd ms | bwd ms | opt ms | step ms | draft pos/s | target tok/s | TFLOP/s | MFU | peak GiB |\n");

@@ -79,22 +79,25 @@ TEST(AdamW, LoadStateThatDoesNotFitNamesTheTensors) {
   }
 }
 
-// Both updates (DFLASH_OPTIM_FUSED=0: single-tensor, 1: the multi-tensor fused one).
+// The updates (DFLASH_OPTIM_FUSED=0: single-tensor, 1 and aten: ATen's multi-tensor fused one on
+// the CPU; 1 picks dflash's CUDA kernels only on a GPU: tests/optim/test_optim_gpu.cpp).
 class AdamWBoth : public ::testing::TestWithParam<const char*> {
  protected:
   void SetUp() override { setenv(dflash::optim::kOptimFusedEnv, GetParam(), 1); }
   void TearDown() override { unsetenv(dflash::optim::kOptimFusedEnv); }
 };
-INSTANTIATE_TEST_SUITE_P(Update, AdamWBoth, ::testing::Values("0", "1"),
+INSTANTIATE_TEST_SUITE_P(Update, AdamWBoth, ::testing::Values("0", "1", "aten"),
                          [](const ::testing::TestParamInfo<const char*>& i) {
-                           return std::string(i.param) == "1" ? "fused" : "single";
+                           const std::string p = i.param;
+                           return p == "1" ? "fused" : p == "aten" ? "aten" : "single";
                          });
 
 TEST_P(AdamWBoth, ClipScalesToMaxNormAndSkipsParamsWithoutGrad) {
   NamedTensors p = {{"a", at::zeros({4}).set_requires_grad(true)}, {"b", at::zeros({4}).set_requires_grad(true)}};
   p[0].second.mutable_grad() = at::full({4}, 3.0);  // norm 6
   AdamW a(p, {0.9, 0.999, 1e-8, 0.0});
-  EXPECT_EQ(a.fused(), std::string(GetParam()) == "1");
+  EXPECT_EQ(a.fused(), std::string(GetParam()) != "0");
+  EXPECT_EQ(a.impl(), std::string(GetParam()) == "0" ? AdamW::Impl::Single : AdamW::Impl::Aten);  // CPU: no kernels
   EXPECT_NEAR(a.grad_norm(), 6.0, 1e-6);
   double n = a.step(0.1, 1.0);
   EXPECT_NEAR(n, 6.0, 1e-6);

@@ -9,9 +9,10 @@ correction, decay applied to the wrong tensor, clipping after the update, an off
 schedule) is orders of magnitude larger. bf16 parameters: the fp32 masters follow the same
 bound; the bf16 parameters must equal the masters rounded to bf16.
 Every case runs twice: the single-tensor update (DFLASH_OPTIM_FUSED=0, CPU's default) and the fused
-one (=1: _foreach_norm, _foreach_mul_, ATen's multi-tensor _fused_adamw_, CUDA's default), which
-does the same arithmetic in another order (differences ~1e-7 relative, well inside 1e-6 over 12
-steps; a wrong bias correction or step count is 1e-2 and more).
+one (=1, on the CPU ATen's: _foreach_norm, ATen's multi-tensor _fused_adamw_), which does the same
+arithmetic in another order (differences ~1e-7 relative, well inside 1e-6 over 12 steps; a wrong
+bias correction or step count is 1e-2 and more). On CUDA =1 runs dflash's own kernels instead
+(trainer/optim/adamw_kernels.h), tested against ATen's fused path by tests/optim/test_optim_gpu.cpp.
 """
 import math
 import os

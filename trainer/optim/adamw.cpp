@@ -11,10 +11,40 @@
 #include "core/error.h"
 #include "core/parse.h"
 
+#ifdef DFLASH_CUDA
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "trainer/optim/adamw_kernels.h"
+#endif
+
 namespace dflash::optim {
 namespace {
 std::string shape_str(at::IntArrayRef s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+
+#ifdef DFLASH_CUDA
+kernels::DType kernel_dtype(const at::Tensor& t, const std::string& what) {
+  switch (t.scalar_type()) {
+    case at::kBFloat16: return kernels::DType::BF16;
+    case at::kHalf: return kernels::DType::F16;
+    case at::kFloat: return kernels::DType::F32;
+    default:
+      DFLASH_CHECK(false, "AdamW CUDA kernels: {} has dtype {}; expected float32, bfloat16 or float16", what,
+                   c10::toString(t.scalar_type()));
+  }
+  return kernels::DType::F32;
+}
+#endif
 }  // namespace
+
+const char* AdamW::impl_name() const {
+  switch (impl_) {
+    case Impl::Single: return "single-tensor";
+    case Impl::Aten: return "ATen fused multi-tensor";
+    case Impl::Kernels: return "dflash multi-tensor kernels";
+  }
+  return "?";
+}
 
 AdamW::AdamW(NamedTensors params, AdamWOptions opt) : params_(std::move(params)), opt_(opt) {
   at::NoGradGuard ng;
@@ -32,23 +62,41 @@ AdamW::AdamW(NamedTensors params, AdamWOptions opt) : params_(std::move(params))
     s.exp_avg_sq = at::zeros_like(s.master);
     slots_.push_back(std::move(s));
   }
-  // auto: fused when every parameter is on one CUDA device; 1: fused wherever they are, on one device.
-  const std::string fused = env_choice(kOptimFusedEnv, "auto", {"auto", "0", "1"});
-  bool one_device = !params_.empty(), all_cuda = !params_.empty();
+  // auto: fused when every parameter is on one CUDA device; 1 / aten: fused wherever they are, on one
+  // device. Fused on CUDA means dflash's kernels (adamw_kernels.h) unless `aten` asks for ATen's
+  // _fused_adamw_ path or a parameter is not contiguous; elsewhere ATen's.
+  const std::string mode = env_choice(kOptimFusedEnv, "auto", {"auto", "0", "1", "aten"});
+  bool one_device = !params_.empty(), all_cuda = !params_.empty(), all_contiguous = true;
   for (const auto& [name, p] : params_) {
     all_cuda = all_cuda && p.is_cuda();
+    all_contiguous = all_contiguous && p.is_contiguous();
     if (p.device() != params_.front().second.device()) {
       one_device = false;
-      if (fused == "1")
-        throw_user("{}=1: the fused AdamW needs every parameter on one device; {} is on {}, {} on {}", kOptimFusedEnv,
-                   params_.front().first, params_.front().second.device().str(), name, p.device().str());
+      if (mode == "1" || mode == "aten")
+        throw_user("{}={}: the fused AdamW needs every parameter on one device; {} is on {}, {} on {}", kOptimFusedEnv,
+                   mode, params_.front().first, params_.front().second.device().str(), name, p.device().str());
     }
   }
-  fused_ = one_device && (fused == "1" || (fused == "auto" && all_cuda));
-  if (fused_) {
+  const bool fused = one_device && (mode == "1" || mode == "aten" || (mode == "auto" && all_cuda));
+  impl_ = fused ? Impl::Aten : Impl::Single;
+#ifdef DFLASH_CUDA
+  if (fused && mode != "aten" && all_cuda && all_contiguous) impl_ = Impl::Kernels;
+#else
+  (void)all_contiguous;
+#endif
+  if (impl_ == Impl::Aten) {
     const at::Device dev = params_.front().second.device();
     step_count_ = at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(dev));
   }
+#ifdef DFLASH_CUDA
+  if (impl_ == Impl::Kernels) {
+    int64_t chunks = 0;
+    for (const auto& [name, p] : params_) chunks += kernels::chunks(p.numel());
+    const auto f32 = at::TensorOptions().dtype(at::kFloat).device(params_.front().second.device());
+    partials_ = at::empty({std::max<int64_t>(chunks, 1)}, f32);
+    norm_coef_ = at::zeros({2}, f32);
+  }
+#endif
 }
 
 double AdamW::grad_norm() const {
@@ -61,6 +109,8 @@ double AdamW::grad_norm() const {
 
 double AdamW::step(double lr, double max_norm) {
   at::NoGradGuard ng;
+  if (impl_ == Impl::Kernels) return step_kernels(lr, max_norm);
+  const bool fused = impl_ == Impl::Aten;
   // fp32 gradients (a copy for low-precision parameters, the gradient itself for fp32 ones:
   // clipping then scales it in place, as torch does); undefined where a parameter has none.
   std::vector<at::Tensor> grads(params_.size());
@@ -70,7 +120,7 @@ double AdamW::step(double lr, double max_norm) {
     if (!g.defined()) continue;
     if (g.scalar_type() == at::kFloat) {
       grads[i] = g;
-    } else if (fused_) {
+    } else if (fused) {
       // one multi-tensor copy below, into buffers that live for this step only (kept across
       // steps they would add their 4 bytes per parameter to the forward's peak memory)
       grads[i] = at::empty(g.sizes(), g.options().dtype(at::kFloat));
@@ -85,7 +135,7 @@ double AdamW::step(double lr, double max_norm) {
   at::Tensor total, grad_scale;
   if (!present.empty()) {
     std::vector<at::Tensor> norms;
-    if (fused_) {
+    if (fused) {
       norms = at::_foreach_norm(present, 2);
     } else {
       for (const at::Tensor& g : present) norms.push_back(at::linalg_vector_norm(g, 2));
@@ -93,7 +143,7 @@ double AdamW::step(double lr, double max_norm) {
     total = at::linalg_vector_norm(at::stack(norms), 2);
     if (max_norm > 0) {
       at::Tensor coef = at::clamp_max(max_norm / (total + 1e-6), 1.0);
-      if (fused_) {
+      if (fused) {
         grad_scale = coef.reciprocal();  // the fused update divides each gradient by it
       } else {
         for (auto& g : present) g.mul_(coef);
@@ -101,12 +151,64 @@ double AdamW::step(double lr, double max_norm) {
     }
   }
   ++steps_;
-  if (fused_) update_fused(grads, lr, grad_scale);
+  if (fused) update_fused(grads, lr, grad_scale);
   else update_single(grads, lr);
   // The step's one host read (the caller logs the norm and stops on a non-finite one), after the
   // update is queued (it reads the clip coefficient on the device): the device is not idle while
   // the host waits. A non-finite norm has reached the weights either way, as in torch.
   return total.defined() ? total.item<double>() : 0.0;
+}
+
+double AdamW::step_kernels(double lr, double max_norm) {
+#ifdef DFLASH_CUDA
+  const at::Device dev = params_.front().second.device();
+  c10::cuda::CUDAGuard guard(dev);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream(dev.index());
+  // Gradients are read where autograd left them (no fp32 copy); a strided one (not what autograd
+  // makes for a contiguous parameter) is made contiguous for this step.
+  std::vector<at::Tensor> keep;
+  std::vector<kernels::GradRef> grads;
+  std::vector<kernels::AdamWRef> refs;
+  int64_t partials = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const auto& [name, p] = params_[i];
+    at::Tensor g = p.grad();
+    if (!g.defined()) continue;
+    DFLASH_CHECK(g.device() == dev && g.sizes().equals(p.sizes()),
+                 "the gradient of parameter {} is {} on {}; the parameter is {} on {}", name, shape_str(g.sizes()),
+                 g.device().str(), shape_str(p.sizes()), dev.str());
+    if (!g.is_contiguous()) g = keep.emplace_back(g.contiguous());
+    const kernels::DType gdt = kernel_dtype(g, "the gradient of " + name);
+    Slot& s = slots_[i];
+    grads.push_back({g.data_ptr(), g.numel(), gdt});
+    kernels::AdamWRef r{};
+    r.grad = g.data_ptr();
+    r.master = s.master.data_ptr<float>();
+    r.exp_avg = s.exp_avg.data_ptr<float>();
+    r.exp_avg_sq = s.exp_avg_sq.data_ptr<float>();
+    r.param = s.separate_master ? p.data_ptr() : nullptr;
+    r.numel = g.numel();
+    r.grad_dtype = gdt;
+    r.param_dtype = kernel_dtype(p, name);
+    refs.push_back(r);
+    partials += kernels::chunks(g.numel());
+  }
+  ++steps_;
+  if (refs.empty()) return 0.0;
+  const int n = static_cast<int>(refs.size());
+  float* nc = norm_coef_.data_ptr<float>();
+  kernels::grad_sumsq(grads.data(), n, partials_.data_ptr<float>(), stream);
+  kernels::grad_norm_clip(partials_.data_ptr<float>(), partials, max_norm, nc, stream);
+  const kernels::AdamWHyper h{lr, opt_.beta1, opt_.beta2, opt_.eps, opt_.weight_decay, steps_};
+  kernels::adamw_update(refs.data(), n, h, max_norm > 0 ? nc + 1 : nullptr, stream);
+  // The step's one host read, after the update is queued (as in step()).
+  return norm_coef_[0].item<double>();
+#else
+  (void)lr;
+  (void)max_norm;
+  DFLASH_CHECK(false, "AdamW: the CUDA kernels are not built in");
+  return 0.0;
+#endif
 }
 
 void AdamW::update_single(const std::vector<at::Tensor>& grads, double lr) {
