@@ -10,9 +10,10 @@
 // Work division: every tensor is cut into chunks of kChunk elements; one CUDA block (kThreads
 // threads) per chunk. A launch passes the tensors' pointers and sizes by value (a struct of at
 // most kMaxTensors entries) with the running sum of their chunk counts; a block finds its tensor
-// by binary search over that sum. Inside a chunk each thread takes 4 consecutive elements at a time
-// (16-byte fp32 loads, 8-byte 16-bit loads) when every pointer of the tensor is aligned to that,
-// else one at a time; the last chunk's tail (numel % 4) goes element by element.
+// by binary search over that sum. Inside a chunk the update's threads take 4 consecutive elements at
+// a time (16-byte fp32 loads, 8-byte 16-bit loads; two such groups in flight per thread), the sum
+// of squares' threads 16 bytes at a time (four in flight), when every pointer of the tensor is
+// aligned to that, else one element at a time; a chunk's tail goes element by element.
 //
 // Plain pointers and sizes only (no LibTorch here): the tensor checks live in adamw.cpp, the one
 // caller. Owns nothing. Launches are asynchronous on the given stream. Thread-safety: stateless.
@@ -40,8 +41,8 @@ struct GradRef {
   DType dtype;
 };
 
-// Per chunk of every gradient: the sum of its elements' squares (fp32 accumulation), written to
-// partials[k] in the order of `grads` (chunk k of the concatenation; sum of chunks(numel) floats).
+// Per chunk of every gradient: the sum of its elements' squares (fp32 accumulation), one float each
+// in partials[0 .. sum of chunks(numel)) (grouped by dtype, then in the order of `grads`).
 void grad_sumsq(const GradRef* grads, int n, float* partials, cudaStream_t stream);
 
 // One block: total = the sum of partials[0 .. n_partials) in a fixed order (float64), then
