@@ -242,23 +242,24 @@ int main(int argc, char** argv) {
     opt.num_anchors = anchors;
     opt.loss_chunk = c.fused ? 2048 : 0;
     opt.defer_metrics = true;  // as the trainer: read after the backward is queued
-    AnchorOptions ao;
+    AnchorOptions ao;  // the blocks Drafter::forward samples (for the FLOP count below)
     ao.block_size = bs;
     ao.num_anchors = anchors;
+    ao.seed = opt.seed;
+    ao.min_blocks = opt.min_blocks;
     double fwd = 0, bwd = 0, opt_s = 0, wall = 0, peak = 0;
     // One step as the trainer runs it: no sync between its parts (the loss and metrics are read
     // once the backward is queued, the gradient norm once AdamW is); returns the stream marks
     // before it, after the forward, after the backward and after the update. The parts' times are
     // the stream's between marks, the step's the host's wall time from an idle device (block
-    // sampling included) to the end of the update.
+    // sampling included) to the end of the update. Drafter::forward samples the blocks as the
+    // trainer's step does, after queueing the context (the host prepares while the device runs).
     metrics::Timeline tl(dev);
     auto one_step = [&](int64_t it) {
       std::array<int64_t, 4> m{};
       batch.global_batch_index = it;
-      ao.batch_index = it;
       m[0] = tl.mark();
-      auto blocks = sample_blocks(batch.loss_mask, {}, ao);
-      auto out = drafter.forward_blocks(batch, blocks, opt);
+      auto out = drafter.forward(batch, opt);
       m[1] = tl.mark();
       out.loss.backward();
       m[2] = tl.mark();

@@ -5,6 +5,7 @@
 // layers, norms and a 512-wide softmax the observed differences are ~1e-2 relative, so the loss
 // must agree within 2e-2 and gradients within 1e-1 (relative Frobenius norm). A wrong mask or
 // label is an O(1) difference. Rows of dropped blocks must yield exactly 0 and no NaN anywhere.
+#include <cmath>
 #include <cstdlib>
 
 #include <gtest/gtest.h>
@@ -99,6 +100,64 @@ TEST(DrafterGpu, Bf16CudaMatchesFp32Cpu) {
     }
   }
   unsetenv("DFLASH_SDPA_GROUP_QUERIES");
+}
+
+// StepOptions::defer_metrics on the device: the forward queues copies of the loss and of the
+// per-position hits into pinned host memory behind it (pending.ready), and finish() after the
+// backward yields what the eager forward reports; the batch as training receives it (ids, mask
+// and features on the device). A NaN weight still gives a NaN loss_value (the trainer's stop).
+TEST(DrafterGpu, DeferredMetricsEqualTheEagerOnes) {
+  if (!have_cuda()) GTEST_SKIP() << "no CUDA device";
+  const auto dev = test_device();
+  const bool on_cuda = dev.is_cuda();
+  auto spec = small_spec();
+  Drafter d(spec, dev, at::kBFloat16);
+  d.init_random(5);
+  d.set_target_weights(at::randn({spec.vocab_size, spec.hidden_size}),
+                       at::randn({spec.vocab_size, spec.hidden_size}) * 0.1);
+  const int64_t B = 2, S = 300;
+  DrafterBatch batch;
+  batch.ids = at::randint(0, 500, {B, S}).to(dev);
+  batch.loss_mask = at::ones({B, S}, at::kByte);
+  batch.loss_mask.narrow(1, 0, 30).zero_();
+  batch.loss_mask = batch.loss_mask.to(dev);
+  batch.features = at::randn({B, S, 3 * spec.hidden_size}, at::TensorOptions().dtype(at::kBFloat16).device(dev));
+  batch.docs = {{0, 170, 300}, {}};
+  batch.global_batch_index = 3;
+  StepOptions opt;
+  opt.num_anchors = 30;
+  opt.loss_chunk = 128;
+  auto eager = d.forward(batch, opt);
+  eager.loss.backward();
+  for (auto& p : d.parameters()) p.mutable_grad().reset();
+  opt.defer_metrics = true;
+  auto late = d.forward(batch, opt);
+  EXPECT_EQ(late.pending.ready != nullptr, on_cuda);
+  if (on_cuda) {
+    EXPECT_TRUE(late.pending.correct.is_pinned());
+    EXPECT_TRUE(late.pending.loss_host.is_pinned());
+  }
+  EXPECT_TRUE(late.correct_per_pos.empty());
+  late.loss.backward();
+  late.finish();
+  EXPECT_FALSE(late.pending.ready);
+  EXPECT_EQ(late.loss_value, late.loss.item<double>());
+  EXPECT_EQ(late.loss_value, eager.loss_value);
+  EXPECT_EQ(late.correct_per_pos, eager.correct_per_pos);
+  EXPECT_EQ(late.count_per_pos, eager.count_per_pos);
+  EXPECT_EQ(late.tau_sum, eager.tau_sum);
+  EXPECT_EQ(late.tau_inv_sum, eager.tau_inv_sum);
+  EXPECT_EQ(late.tau_blocks, eager.tau_blocks);
+  EXPECT_GT(late.tau_blocks, 0);
+  for (auto& p : d.parameters()) p.mutable_grad().reset();
+
+  d.load_param("layers.0.mlp.down_proj.weight",
+               at::full(d.param("layers.0.mlp.down_proj.weight").sizes(), NAN));
+  auto bad = d.forward(batch, opt);
+  bad.loss.backward();
+  bad.finish();
+  EXPECT_TRUE(std::isnan(bad.loss_value));
+  for (auto& p : d.parameters()) p.mutable_grad().reset();
 }
 
 TEST(DrafterGpu, DroppedRowsAreZeroWithoutNaN) {

@@ -266,3 +266,53 @@ TEST(Drafter, DeferredMetricsEqualTheEagerOnes) {
   EXPECT_GT(late.tau_blocks, 0);
   EXPECT_TRUE(at::equal(d.param("fc.weight").grad(), g_eager));
 }
+
+// Drafter::forward queues the context before it samples the blocks (the host prepares the step
+// while the device computes fc + hidden_norm); the result is that of forward_blocks on the
+// blocks sample_blocks draws from the same options, bit for bit, and hidden() with context(batch)
+// is hidden() itself.
+TEST(Drafter, ForwardEqualsForwardBlocksOfTheSampledBlocks) {
+  DrafterSpec s;
+  s.hidden_size = 32, s.intermediate_size = 48, s.num_layers = 2, s.num_heads = 4, s.num_kv_heads = 2;
+  s.head_dim = 8, s.vocab_size = 64, s.num_target_layers = 8, s.target_layer_ids = {1, 3}, s.mask_token_id = 63;
+  Drafter d(s, at::kCPU, at::kFloat);
+  d.init_random(4);
+  d.set_target_weights(at::randn({64, 32}), at::randn({64, 32}) * 0.3);
+  DrafterBatch batch;
+  batch.ids = at::randint(0, 60, {2, 96});
+  batch.loss_mask = at::ones({2, 96}, at::kLong);
+  batch.loss_mask.narrow(1, 0, 10).zero_();
+  batch.features = at::randn({2, 96, 2 * 32});
+  batch.docs = {{0, 40, 96}, {}};
+  batch.global_batch_index = 7;
+  StepOptions opt;
+  opt.num_anchors = 5;
+  opt.seed = 11;
+  opt.min_blocks = 12;
+  opt.loss_chunk = 16;
+  auto a = d.forward(batch, opt);
+  a.loss.backward();
+  std::vector<at::Tensor> ga;
+  for (auto& p : d.parameters()) ga.push_back(p.grad().clone()), p.mutable_grad().reset();
+  AnchorOptions ao;
+  ao.block_size = s.block_size, ao.num_anchors = opt.num_anchors, ao.seed = opt.seed;
+  ao.batch_index = batch.global_batch_index, ao.min_blocks = opt.min_blocks;
+  auto blocks = sample_blocks(batch.loss_mask, batch.docs, ao);
+  EXPECT_EQ(blocks.num_blocks(), 12);
+  auto b = d.forward_blocks(batch, blocks, opt);
+  b.loss.backward();
+  EXPECT_EQ(a.loss_value, b.loss_value);
+  EXPECT_EQ(a.n_tokens, b.n_tokens);
+  EXPECT_EQ(a.n_blocks, b.n_blocks);
+  EXPECT_EQ(a.correct_per_pos, b.correct_per_pos);
+  EXPECT_EQ(a.tau_sum, b.tau_sum);
+  size_t i = 0;
+  for (auto& p : d.parameters()) EXPECT_TRUE(at::equal(p.grad(), ga[i++]));
+
+  at::NoGradGuard ng;
+  auto in = build_block_inputs(batch.ids, batch.loss_mask, batch.docs, blocks, s.mask_token_id);
+  EXPECT_TRUE(at::equal(d.hidden(d.context(batch), batch, blocks, in, attention::Backend::Reference),
+                        d.hidden(batch, blocks, in, attention::Backend::Reference)));
+  EXPECT_THROW(d.hidden(d.context(batch).narrow(1, 0, 95), batch, blocks, in, attention::Backend::Reference),
+               std::exception);
+}

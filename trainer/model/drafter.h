@@ -13,11 +13,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Event.h>
 
 #include "attention/dflash_attention.h"
 #include "trainer/model/anchors.h"
@@ -118,7 +120,10 @@ struct StepOptions {
   // The host reads of the step (the loss value, the per-position metrics) left to
   // StepOutput::finish(), which the caller runs once the backward is queued: forward() then
   // returns without waiting for the device, and the device never idles between forward and
-  // backward while the host computes metrics. false: forward() calls finish() itself.
+  // backward while the host computes metrics. On CUDA the forward also queues non-blocking
+  // copies of the loss and of the per-position argmax hits into pinned host memory, with an
+  // event after them: finish() waits for that event (the end of the forward), not for the
+  // backward queued after it. false: forward() calls finish() itself.
   bool defer_metrics = false;
 };
 
@@ -136,13 +141,17 @@ struct StepOutput {
   double loss_value = 0;       // loss.item(), for logging
   double accuracy() const;      // Σ correct / Σ count
   // Fills loss_value and the per-position/τ fields from the device (waits for the loss and the
-  // argmax of every position); once, a no-op afterwards (StepOptions::defer_metrics).
+  // argmax of every position: with `pending.ready`, for that event only); once, a no-op
+  // afterwards (StepOptions::defer_metrics).
   void finish();
 
-  // What finish() reads: argmax == label per loss position (device), the positions (host int64
-  // into the [B * N * bs] block grid), which grid positions carry a label, and the grid's shape.
+  // What finish() reads: argmax == label per loss position (device, or pinned host memory being
+  // filled by a copy that `ready` follows), the positions (host int64 into the [B * N * bs] block
+  // grid), which grid positions carry a label, and the grid's shape. loss_host: the loss copied
+  // to pinned host memory (with `ready`), else undefined (finish() reads `loss` itself).
   struct Pending {
-    at::Tensor correct, sel, valid;
+    at::Tensor correct, sel, valid, loss_host;
+    std::shared_ptr<c10::Event> ready;  // recorded after the copies; null: nothing in flight
     int64_t B = 0, N = 0, bs = 0;
   } pending;
 };
@@ -171,13 +180,22 @@ class Drafter {
   void load_param(const std::string& name, const at::Tensor& value);
 
   // The training forward of one batch: samples blocks from (seed, global_batch_index), then
-  // forward_blocks.
+  // as forward_blocks. Order of work: the batch's ids and loss mask come to the host first, then
+  // the context (context()) is queued on the device, and only then does the host sample the
+  // blocks and build their inputs, while the device computes the context.
   StepOutput forward(const DrafterBatch& batch, const StepOptions& opt) const;
-  // Same with explicit blocks (tests, evaluation).
+  // Same with explicit blocks (tests, evaluation); the context is queued before the host builds
+  // the block inputs, as in forward().
   StepOutput forward_blocks(const DrafterBatch& batch, const Blocks& blocks, const StepOptions& opt) const;
 
-  // The final hidden states norm(h) of every block position, [B, N*bs, H].
+  // The context C = hidden_norm(fc(features)) [B, S, H] of the batch, shared by every layer;
+  // depends on the features only (not on the blocks). Checks the features' shape.
+  at::Tensor context(const DrafterBatch& batch) const;
+  // The final hidden states norm(h) of every block position, [B, N*bs, H]; the first form
+  // computes the context itself, the second takes context(batch).
   at::Tensor hidden(const DrafterBatch& batch, const Blocks& blocks, const BlockInputs& in,
+                    attention::Backend backend) const;
+  at::Tensor hidden(const at::Tensor& ctx, const DrafterBatch& batch, const Blocks& blocks, const BlockInputs& in,
                     attention::Backend backend) const;
   // Logits of every block position [B, N*bs, V] (evaluation and tests; small shapes only).
   at::Tensor logits(const DrafterBatch& batch, const Blocks& blocks,
@@ -187,6 +205,10 @@ class Drafter {
   struct Layer {
     at::Tensor in_norm, post_norm, q, k, v, o, q_norm, k_norm, gate, up, down;
   };
+  // forward_blocks' body once the context is queued (ctx = context(batch)); `batch`'s ids and
+  // loss mask on the host.
+  StepOutput forward_with_context(const DrafterBatch& batch, const at::Tensor& ctx, const Blocks& blocks,
+                                  const StepOptions& opt) const;
   DrafterSpec spec_;
   at::Device device_;
   at::ScalarType dtype_;
