@@ -6,7 +6,8 @@
 # (the default; its profile by kind of work and its Chrome trace) and without them
 # (DFLASH_DRAFTER_FUSED=0 DFLASH_CE_FUSED=0: the ATen chains, profiled), and at the long shape
 # 1 x 40000; the recipe shape once with bf16 logits (DFLASH_CE_LOGITS=bf16) and once with ATen's
-# fused AdamW (DFLASH_OPTIM_FUSED=aten: the A/B of AdamW's kernels, opt ms).
+# fused AdamW (DFLASH_OPTIM_FUSED=aten: the A/B of AdamW's kernels, opt ms), and the default once more
+# (the run-to-run spread); the profiled step's idle gaps (bench/trace_gaps.py).
 #   bash bench/gpu/fused.sh BUILD_DIR OUT_DIR          (bash bench/gpu/run_all.sh fused)
 # targets: test_drafter_kernels_gpu test_ce_gpu test_optim_gpu test_attention test_drafter_gpu drafter_bench
 set -uo pipefail
@@ -31,11 +32,15 @@ B="$BUILD/bench/drafter_bench"
 echo "| S | B | attention / loss | fwd ms | bwd ms | opt ms | step ms | draft pos/s | target tok/s | TFLOP/s | MFU | peak GiB |"
 step fused_4x3072 timeout 100 "$B" --seq 3072 --rows 4 --anchors 512 --attention kernel --optimizer --iters 5 --warmup 2 --profile \
   --profile-trace "$OUT/fused_4x3072.trace.json"
+python3 bench/trace_gaps.py "$OUT/fused_4x3072.trace.json" --top 8 || rc=1
+gzip -f "$OUT/fused_4x3072.trace.json"
 step unfused_4x3072 DFLASH_DRAFTER_FUSED=0 DFLASH_CE_FUSED=0 timeout 100 "$B" --seq 3072 --rows 4 --anchors 512 \
   --attention kernel --optimizer --iters 5 --warmup 2 --profile
 step bf16_logits_4x3072 DFLASH_CE_LOGITS=bf16 timeout 100 "$B" --seq 3072 --rows 4 --anchors 512 --attention kernel \
   --optimizer --iters 5 --warmup 2
 step aten_adamw_4x3072 DFLASH_OPTIM_FUSED=aten timeout 100 "$B" --seq 3072 --rows 4 --anchors 512 --attention kernel \
   --optimizer --iters 5 --warmup 2
+step fused_4x3072_again timeout 100 "$B" --seq 3072 --rows 4 --anchors 512 --attention kernel --optimizer --iters 5 \
+  --warmup 2
 step fused_1x40000 timeout 120 "$B" --seq 40000 --rows 1 --anchors 2048 --attention kernel --optimizer --iters 3 --warmup 1
 exit $rc
