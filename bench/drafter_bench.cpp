@@ -247,7 +247,7 @@ int main(int argc, char** argv) {
     ao.num_anchors = anchors;
     ao.seed = opt.seed;
     ao.min_blocks = opt.min_blocks;
-    double fwd = 0, bwd = 0, opt_s = 0, wall = 0, peak = 0;
+    double fwd = 0, bwd = 0, opt_s = 0, wall = 0, peak = 0, steady = 0;
     // One step as the trainer runs it: no sync between its parts (the loss and metrics are read
     // once the backward is queued, the gradient norm once AdamW is); returns the stream marks
     // before it, after the forward, after the backward and after the update. The parts' times are
@@ -302,6 +302,19 @@ int main(int argc, char** argv) {
                   3.0 * L * pair_flops * pairs;
         }
       }
+      // Steady state: `iters` more steps back to back, as the trainer runs them (no device sync
+      // between steps: a step's host work overlaps the previous step's AdamW update, whose norm
+      // the host has already read).
+      if (with_opt) {
+        device::sync(dev);
+        const auto s0 = Clock::now();
+        for (int64_t it = 0; it < iters; ++it) {
+          const std::array<int64_t, 4> m = one_step(warmup + iters + 1 + it);
+          tl.drop_before(m[0]);
+        }
+        device::sync(dev);
+        steady = std::chrono::duration<double>(Clock::now() - s0).count() / static_cast<double>(iters);
+      }
       peak = device::peak_memory_gib(dev);
     } catch (const std::exception& e) {
       err = e.what();
@@ -335,13 +348,18 @@ int main(int argc, char** argv) {
     fwd /= iters, bwd /= iters, opt_s /= iters, wall /= iters;
     const double tot = wall;  // the optimizer's FLOPs are not counted (elementwise)
     const double tf = flops / tot / 1e12;
-    if (with_opt)
+    if (with_opt) {
       std::printf("| %ld | %ld | %s | %.1f | %.1f | %.1f | %.1f | %.0f | %.0f | %.1f | %.1f%% | %.1f |\n", (long)c.S,
                   (long)c.B, name_of(c).c_str(), fwd * 1e3, bwd * 1e3, opt_s * 1e3, tot * 1e3, P / tot, c.B * c.S / tot,
                   tf, 100 * tf / mm, peak);
-    else
+      std::printf("steady %ldx%ld %s: %.1f ms per step, %.0f target tok/s, MFU %.1f%% (%ld steps back to back, no device "
+                  "sync between them, as the trainer runs them)\n",
+                  (long)c.B, (long)c.S, name_of(c).c_str(), steady * 1e3, c.B * c.S / steady,
+                  100 * flops / steady / 1e12 / mm, (long)iters);
+    } else {
       std::printf("| %ld | %ld | %s | %.1f | %.1f | %.1f | %.0f | %.0f | %.1f | %.1f%% | %.1f |\n", (long)c.S, (long)c.B,
                   name_of(c).c_str(), fwd * 1e3, bwd * 1e3, tot * 1e3, P / tot, c.B * c.S / tot, tf, 100 * tf / mm, peak);
+    }
     std::fflush(stdout);
   }
   if (!profile_text.empty()) std::printf("\n%s", profile_text.c_str());

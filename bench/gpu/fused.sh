@@ -25,7 +25,7 @@ step() {  # NAME ENV... -- drafter_bench args
   local name=$1; shift
   echo "## $name"
   env "$@" > "$OUT/$name.txt" 2>&1 || rc=1
-  grep -h "^| [0-9]\|^optimizer:\|failed" "$OUT/$name.txt"
+  grep -h "^| [0-9]\|^steady\|^optimizer:\|failed" "$OUT/$name.txt"
   sed -n '/^profile of one step/,/^| top kernels/p' "$OUT/$name.txt"
 }
 B="$BUILD/bench/drafter_bench"

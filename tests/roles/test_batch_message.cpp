@@ -51,6 +51,9 @@ void expect_same(const BatchMessage& got, const BatchMessage& want) {
   EXPECT_TRUE(same_bytes(got.loss_mask, want.loss_mask));
   EXPECT_TRUE(same_bytes(got.cu_seqlens, want.cu_seqlens));
   EXPECT_TRUE(same_bytes(got.features, want.features));
+  // what the drafter reads on the host arrives there (unpack copies a device message's ids,
+  // mask and cu_seqlens on a side stream); the features stay where they were received
+  EXPECT_TRUE(got.ids.device().is_cpu() && got.loss_mask.device().is_cpu() && got.cu_seqlens.device().is_cpu());
   // doubles travel as float64: exact
   EXPECT_EQ(got.stats.tokens, want.stats.tokens);
   EXPECT_EQ(got.stats.busy_s, want.stats.busy_s);

@@ -102,6 +102,7 @@ class AdamW {
   at::Tensor step_count_;  // Aten: the step as a float32 scalar on the parameters' device
   at::Tensor partials_;    // Kernels: per-chunk gradient sums of squares (float32)
   at::Tensor norm_coef_;   // Kernels: [norm, clip coefficient] (float32, on the device)
+  at::Tensor norm_host_;   // Kernels: the norm, copied to pinned host memory before the update runs
 };
 
 // The learning rate at 0-based optimizer step s (DFLASH.md §3):

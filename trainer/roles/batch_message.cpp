@@ -8,6 +8,11 @@
 
 #include "core/error.h"
 
+#ifdef DFLASH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
+
 namespace dflash::roles {
 namespace {
 
@@ -15,6 +20,19 @@ enum Slot { kIds, kLossMask, kCuSeqlens, kFeatures, kStats };
 
 std::string describe(const at::Tensor& t) {
   return fmt::format("{} [{}]", c10::toString(t.scalar_type()), fmt::join(t.sizes().vec(), ", "));
+}
+
+// A received tensor on the host. take() returns once the message is complete on the device, so
+// a CUDA tensor is copied on a side stream: the read does not wait for the work queued on the
+// current stream (the previous step's AdamW update), and the step's host work overlaps it.
+at::Tensor on_host(const at::Tensor& t) {
+#ifdef DFLASH_CUDA
+  if (t.is_cuda()) {
+    const c10::cuda::CUDAStreamGuard guard(c10::cuda::getStreamFromPool(false, t.device().index()));
+    return t.to(at::kCPU);  // synchronous on the side stream
+  }
+#endif
+  return t;
 }
 
 }  // namespace
@@ -46,11 +64,11 @@ BatchMessage unpack(comm::Message msg, int64_t expected_batch, const std::string
                                 describe(t[kCuSeqlens]), describe(t[kFeatures]), describe(t[kStats])));
   BatchMessage b;
   b.batch = msg.batch;
-  b.ids = std::move(t[kIds]);
-  b.loss_mask = std::move(t[kLossMask]);
-  b.cu_seqlens = std::move(t[kCuSeqlens]);
+  b.ids = on_host(t[kIds]);
+  b.loss_mask = on_host(t[kLossMask]);
+  b.cu_seqlens = on_host(t[kCuSeqlens]);
   b.features = std::move(t[kFeatures]);
-  const at::Tensor st = t[kStats].to(at::kCPU, at::kDouble);
+  const at::Tensor st = on_host(t[kStats]).to(at::kDouble);
   b.stats = TargetStats{st[0].item<double>(), st[1].item<double>(), st[2].item<double>(), st[3].item<double>()};
   return b;
 }

@@ -46,7 +46,8 @@ struct BatchMessage {
 comm::Message pack(const BatchMessage& b, at::Device device);
 
 // The batch of a received message; CommError naming `from` unless it is batch
-// `expected_batch` in the layout above.
+// `expected_batch` in the layout above. ids, loss_mask, cu_seqlens (and the stats) come back on
+// the host (what the drafter's step reads there), the features on the communicator's device.
 BatchMessage unpack(comm::Message msg, int64_t expected_batch, const std::string& from);
 
 }  // namespace dflash::roles

@@ -534,14 +534,16 @@ void run_colocated(const RoleContext& ctx) {
     data::Batch b = p.data->batch(k);
     BatchMessage bm;
     bm.batch = k;
-    bm.ids = b.ids.to(p.device);
-    bm.cu_seqlens = b.cu_seqlens.to(p.device);
     {
       c10::InferenceMode guard;
-      bm.features = target.capture(bm.ids, bm.cu_seqlens, p.layer_ids);
+      bm.features = target.capture(b.ids.to(p.device), b.cu_seqlens.to(p.device), p.layer_ids);
     }
     bm.features = bm.features.clone();  // a normal tensor: the drafter's autograd saves it
-    bm.loss_mask = b.loss_mask.to(p.device);
+    // ids, mask and cu_seqlens stay on the host, where the drafter's step reads them (as unpack
+    // delivers them in the T + D layout)
+    bm.ids = b.ids;
+    bm.cu_seqlens = b.cu_seqlens;
+    bm.loss_mask = b.loss_mask;
     const int64_t t1 = tl.mark();
     // Reading waits for the capture (the drafter's first readback would wait for it too).
     bm.stats = TargetStats{static_cast<double>(b.num_tokens()), tl.seconds(t0, t1), 0.0};
