@@ -56,6 +56,7 @@
 #endif
 
 #include "trainer/model/loss.h"
+#include "tests/gpu_test.h"
 
 using namespace dflash::model;
 
@@ -65,13 +66,7 @@ constexpr int64_t kRows = 3000, kHidden = 256, kChunk = 1024;
 constexpr double kLogitStd = 4.0;
 constexpr double kGradScale = 3.0;  // backward of kGradScale * loss
 
-bool have_cuda() {
-#ifdef DFLASH_CUDA
-  return c10::cuda::device_count() > 0;
-#else
-  return false;
-#endif
-}
+using dflash::test::have_cuda;
 
 // ||a - b|| / ||b|| (b the float64 reference)
 double rel_fro(const at::Tensor& a, const at::Tensor& b) {

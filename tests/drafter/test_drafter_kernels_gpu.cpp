@@ -19,18 +19,13 @@
 #endif
 
 #include "trainer/model/drafter.h"
+#include "tests/gpu_test.h"
 
 using namespace dflash::model;
 
 namespace {
 
-bool have_cuda() {
-#ifdef DFLASH_CUDA
-  return c10::cuda::device_count() > 0;
-#else
-  return false;
-#endif
-}
+using dflash::test::have_cuda;
 
 // max |a - b| / max |b| over all elements (b the float64 reference).
 double rel(const at::Tensor& a, const at::Tensor& b) {

@@ -230,16 +230,23 @@ TEST(Drafter, InitIsDeterministicFromTheSeed) {
   EXPECT_TRUE(a.param("fc.weight").requires_grad());
 }
 
+// A float32 CPU drafter of hidden 32 (4 heads of 8, 2 kv heads), vocabulary 64, reading target
+// layers 1 and 3, random weights from `seed` and random target embeddings / LM head.
+static Drafter tiny_drafter(int64_t layers, uint64_t seed) {
+  DrafterSpec s;
+  s.hidden_size = 32, s.intermediate_size = 48, s.num_layers = layers, s.num_heads = 4, s.num_kv_heads = 2;
+  s.head_dim = 8, s.vocab_size = 64, s.num_target_layers = 8, s.target_layer_ids = {1, 3}, s.mask_token_id = 63;
+  Drafter d(s, at::kCPU, at::kFloat);
+  d.init_random(seed);
+  d.set_target_weights(at::randn({64, 32}), at::randn({64, 32}) * 0.3);
+  return d;
+}
+
 // StepOptions::defer_metrics: forward returns before reading anything back; finish() then yields
 // exactly what the eager forward reports, once (a second call changes nothing), and the loss's
 // gradient is the same whether the metrics were read before or after the backward.
 TEST(Drafter, DeferredMetricsEqualTheEagerOnes) {
-  DrafterSpec s;
-  s.hidden_size = 32, s.intermediate_size = 48, s.num_layers = 1, s.num_heads = 4, s.num_kv_heads = 2;
-  s.head_dim = 8, s.vocab_size = 64, s.num_target_layers = 8, s.target_layer_ids = {1, 3}, s.mask_token_id = 63;
-  Drafter d(s, at::kCPU, at::kFloat);
-  d.init_random(3);
-  d.set_target_weights(at::randn({64, 32}), at::randn({64, 32}) * 0.3);
+  Drafter d = tiny_drafter(1, 3);
   DrafterBatch batch;
   batch.ids = at::randint(0, 60, {2, 96});
   batch.loss_mask = at::ones({2, 96}, at::kLong);
@@ -272,12 +279,7 @@ TEST(Drafter, DeferredMetricsEqualTheEagerOnes) {
 // blocks sample_blocks draws from the same options, bit for bit, and hidden() with context(batch)
 // is hidden() itself.
 TEST(Drafter, ForwardEqualsForwardBlocksOfTheSampledBlocks) {
-  DrafterSpec s;
-  s.hidden_size = 32, s.intermediate_size = 48, s.num_layers = 2, s.num_heads = 4, s.num_kv_heads = 2;
-  s.head_dim = 8, s.vocab_size = 64, s.num_target_layers = 8, s.target_layer_ids = {1, 3}, s.mask_token_id = 63;
-  Drafter d(s, at::kCPU, at::kFloat);
-  d.init_random(4);
-  d.set_target_weights(at::randn({64, 32}), at::randn({64, 32}) * 0.3);
+  Drafter d = tiny_drafter(2, 4);
   DrafterBatch batch;
   batch.ids = at::randint(0, 60, {2, 96});
   batch.loss_mask = at::ones({2, 96}, at::kLong);
@@ -295,7 +297,7 @@ TEST(Drafter, ForwardEqualsForwardBlocksOfTheSampledBlocks) {
   std::vector<at::Tensor> ga;
   for (auto& p : d.parameters()) ga.push_back(p.grad().clone()), p.mutable_grad().reset();
   AnchorOptions ao;
-  ao.block_size = s.block_size, ao.num_anchors = opt.num_anchors, ao.seed = opt.seed;
+  ao.block_size = d.spec().block_size, ao.num_anchors = opt.num_anchors, ao.seed = opt.seed;
   ao.batch_index = batch.global_batch_index, ao.min_blocks = opt.min_blocks;
   auto blocks = sample_blocks(batch.loss_mask, batch.docs, ao);
   EXPECT_EQ(blocks.num_blocks(), 12);
@@ -310,7 +312,7 @@ TEST(Drafter, ForwardEqualsForwardBlocksOfTheSampledBlocks) {
   for (auto& p : d.parameters()) EXPECT_TRUE(at::equal(p.grad(), ga[i++]));
 
   at::NoGradGuard ng;
-  auto in = build_block_inputs(batch.ids, batch.loss_mask, batch.docs, blocks, s.mask_token_id);
+  auto in = build_block_inputs(batch.ids, batch.loss_mask, batch.docs, blocks, d.spec().mask_token_id);
   EXPECT_TRUE(at::equal(d.hidden(d.context(batch), batch, blocks, in, attention::Backend::Reference),
                         d.hidden(batch, blocks, in, attention::Backend::Reference)));
   EXPECT_THROW(d.hidden(d.context(batch).narrow(1, 0, 95), batch, blocks, in, attention::Backend::Reference),

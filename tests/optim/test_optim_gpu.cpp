@@ -41,18 +41,13 @@
 #endif
 
 #include "trainer/optim/adamw.h"
+#include "tests/gpu_test.h"
 
 using namespace dflash::optim;
 
 namespace {
 
-bool have_cuda() {
-#ifdef DFLASH_CUDA
-  return c10::cuda::device_count() > 0;
-#else
-  return false;
-#endif
-}
+using dflash::test::have_cuda;
 
 constexpr int kSteps = 5;
 constexpr double kLr = 1e-2;
