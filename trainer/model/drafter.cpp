@@ -188,6 +188,80 @@ struct SiluMul : public torch::autograd::Function<SiluMul> {
   }
 };
 
+// The two projections that read one input, x @ wa^T and x @ wb^T, whose backward writes
+// dx = dya wa + dyb wb with the second GEMM accumulating into the first's output (beta 1): no
+// separate pass adding two [rows, H] gradients, as autograd does for an input read by two linears.
+// x [..., K] with unit column stride (rows of it contiguous), wa [Na, K], wb [Nb, K].
+struct LinearPair : public torch::autograd::Function<LinearPair> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& x,
+                                                const at::Tensor& wa, const at::Tensor& wb) {
+    ctx->save_for_backward({x, wa, wb});
+    return {at::linear(x, wa), at::linear(x, wb)};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor &x = saved[0], &wa = saved[1], &wb = saved[2];
+    const int64_t K = x.size(-1);
+    const at::Tensor x2 = x.reshape({-1, K});
+    const at::Tensor ga = grads[0].defined() ? grads[0].reshape({-1, wa.size(0)}) : at::Tensor();
+    const at::Tensor gb = grads[1].defined() ? grads[1].reshape({-1, wb.size(0)}) : at::Tensor();
+    at::Tensor dx, dwa, dwb;
+    if (ctx->needs_input_grad(0)) {
+      if (ga.defined()) dx = at::mm(ga, wa);
+      if (gb.defined()) dx = dx.defined() ? dx.addmm_(gb, wb) : at::mm(gb, wb);
+      if (dx.defined()) dx = dx.view(x.sizes());
+    }
+    if (ctx->needs_input_grad(1) && ga.defined()) dwa = at::mm(ga.t(), x2);
+    if (ctx->needs_input_grad(2) && gb.defined()) dwb = at::mm(gb.t(), x2);
+    return {dx, dwa, dwb};
+  }
+};
+
+// A layer's q, k and v: q = h wq^T from the block tokens h [B, Q, H], k and v from the context
+// followed by h, kv_in = [ctx; h] [B, S + Q, H]. The backward accumulates every product that reads
+// the same rows into one buffer d_kv [B, S + Q, H] = dk wk + dv wv, with dq wq added into its
+// block rows (GEMMs with beta 1), and hands out views of it: d_ctx = d_kv[:, :S], d_h =
+// d_kv[:, S:]. Autograd would run two more [rows, H] additions per layer (k's and v's input
+// gradients, then h's from q and from the concatenation; the latter on strided halves).
+struct AttnProjections : public torch::autograd::Function<AttnProjections> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext* ctx, const at::Tensor& context,
+                                                const at::Tensor& h, const at::Tensor& wq, const at::Tensor& wk,
+                                                const at::Tensor& wv) {
+    const at::Tensor kv_in = at::cat({context, h}, 1);  // context first, then the block tokens
+    ctx->save_for_backward({h, kv_in, wq, wk, wv});
+    ctx->saved_data["S"] = context.size(1);
+    return {at::linear(h, wq), at::linear(kv_in, wk), at::linear(kv_in, wv)};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor &h = saved[0], &kv_in = saved[1], &wq = saved[2], &wk = saved[3], &wv = saved[4];
+    const int64_t S = ctx->saved_data["S"].toInt(), B = h.size(0), Q = h.size(1), H = h.size(2);
+    const int64_t L = S + Q;
+    auto rows = [](const at::Tensor& g, int64_t n) { return g.reshape({-1, n}); };
+    const at::Tensor dq = grads[0].defined() ? rows(grads[0], wq.size(0)) : at::zeros({B * Q, wq.size(0)}, h.options());
+    const at::Tensor dk = grads[1].defined() ? rows(grads[1], wk.size(0)) : at::zeros({B * L, wk.size(0)}, h.options());
+    const at::Tensor dv = grads[2].defined() ? rows(grads[2], wv.size(0)) : at::zeros({B * L, wv.size(0)}, h.options());
+    at::Tensor d_ctx, d_h, dwq, dwk, dwv;
+    if (ctx->needs_input_grad(0) || ctx->needs_input_grad(1)) {
+      at::Tensor dkv = at::mm(dk, wk);  // [B * L, H]
+      dkv.addmm_(dv, wv);
+      at::Tensor dkv3 = dkv.view({B, L, H});
+      // the block rows of each batch row are one [Q, H] matrix with row stride H: accumulate dq wq there
+      const at::Tensor dq3 = dq.view({B, Q, wq.size(0)});
+      for (int64_t b = 0; b < B; ++b) dkv3[b].narrow(0, S, Q).addmm_(dq3[b], wq);
+      d_ctx = dkv3.narrow(1, 0, S);
+      d_h = dkv3.narrow(1, S, Q);
+    }
+    const at::Tensor kv2 = kv_in.reshape({-1, H});
+    if (ctx->needs_input_grad(2)) dwq = at::mm(dq.t(), h.reshape({-1, H}));
+    if (ctx->needs_input_grad(3)) dwk = at::mm(dk.t(), kv2);
+    if (ctx->needs_input_grad(4)) dwv = at::mm(dv.t(), kv2);
+    return {d_ctx, d_h, dwq, dwk, dwv};
+  }
+};
+
 // Rows `sel` (sorted, unique) of x [R, H]. The backward gathers where ATen's index_select
 // backward runs index_add_ into zeros (1.2 ms per recipe-shape step on an H200, the gather
 // ~0.25 ms): dx = [g; 0].index_select(0, inv), inv[r] = the position of row r in sel, or
@@ -519,18 +593,23 @@ at::Tensor Drafter::hidden(const at::Tensor& ctx, const DrafterBatch& batch, con
   auto [cos_k, sin_k] = rope_tables(kvpos, d, s.rope_theta, dtype_);
 
   auto x = at::embedding(embed_, ids);  // [B, Q, H]
+  // x + a w^T as one GEMM whose epilogue adds x (beta 1): no pass of its own for the residual add
+  auto add_linear = [](const at::Tensor& res, const at::Tensor& a, const at::Tensor& w) {
+    return at::addmm(res.reshape({-1, res.size(-1)}), a.reshape({-1, a.size(-1)}), w.t()).view(res.sizes());
+  };
   for (const auto& L : layers_) {
     auto h = rms(x, L.in_norm, s.rms_norm_eps);
-    auto q = at::linear(h, L.q).view({B, Q, hq, d});
-    q = norm_rope(q, L.q_norm, s.rms_norm_eps, cos_q, sin_q, fused_default()).transpose(1, 2);
-    auto kv_in = at::cat({ctx, h}, 1);  // context first, then the block tokens
-    auto k = at::linear(kv_in, L.k).view({B, S + Q, hkv, d});
-    k = norm_rope(k, L.k_norm, s.rms_norm_eps, cos_k, sin_k, fused_default()).transpose(1, 2);
-    auto v = at::linear(kv_in, L.v).view({B, S + Q, hkv, d}).transpose(1, 2);
+    auto qkv = AttnProjections::apply(ctx, h, L.q, L.k, L.v);  // q from h; k, v from [ctx; h]
+    auto q = norm_rope(qkv[0].view({B, Q, hq, d}), L.q_norm, s.rms_norm_eps, cos_q, sin_q, fused_default())
+                 .transpose(1, 2);
+    auto k = norm_rope(qkv[1].view({B, S + Q, hkv, d}), L.k_norm, s.rms_norm_eps, cos_k, sin_k, fused_default())
+                 .transpose(1, 2);
+    auto v = qkv[2].view({B, S + Q, hkv, d}).transpose(1, 2);
     auto o = attention::attend(q, k, v, prep).transpose(1, 2).reshape({B, Q, hq * d});
-    x = x + at::linear(o, L.o);
+    x = add_linear(x, o, L.o);
     auto h2 = rms(x, L.post_norm, s.rms_norm_eps);
-    x = x + at::linear(swiglu(at::linear(h2, L.gate), at::linear(h2, L.up), fused_default()), L.down);
+    auto gu = LinearPair::apply(h2, L.gate, L.up);
+    x = add_linear(x, swiglu(gu[0], gu[1], fused_default()), L.down);
   }
   return rms(x, norm_, s.rms_norm_eps);
 }
