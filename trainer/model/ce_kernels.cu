@@ -10,9 +10,12 @@
 #include <math_constants.h>
 
 #include "core/launch_check.h"
-#include "trainer/model/kernel_types.cuh"
+#include "core/kernel_types.cuh"
 
 namespace dflash::model::kernels {
+
+using ::dflash::kernels::from_f;
+using ::dflash::kernels::to_f;
 
 namespace {
 

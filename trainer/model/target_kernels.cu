@@ -5,9 +5,12 @@
 #include <cuda_fp16.h>
 
 #include "core/launch_check.h"
-#include "trainer/model/kernel_types.cuh"
+#include "core/kernel_types.cuh"
 
 namespace dflash::model::kernels {
+
+using ::dflash::kernels::from_f;
+using ::dflash::kernels::to_f;
 
 namespace {
 

@@ -9,9 +9,11 @@
 
 #include <cuda_runtime.h>
 
+#include "core/kernel_dtype.h"
+
 namespace dflash::model::kernels {
 
-enum class DType { BF16, F16, F32 };
+using ::dflash::kernels::DType;
 
 // qkv: [T, ld] rows; heads 0..nq-1 are q, nq..nq+nkv-1 are k (each hd wide, contiguous from
 // column 0). For every q/k head of every token: optional RMSNorm over hd (weights q_norm /

@@ -9,14 +9,14 @@
 #include <cuda_fp16.h>
 
 #include "core/launch_check.h"
-#include "trainer/model/kernel_types.cuh"
+#include "core/kernel_types.cuh"
 
 namespace dflash::optim::kernels {
 
 namespace {
 
-using model::kernels::from_f;
-using model::kernels::to_f;
+using ::dflash::kernels::from_f;
+using ::dflash::kernels::to_f;
 
 constexpr int kThreads = 512;  // per block; a chunk is kChunk / (kThreads * kV) = 32 vector steps per thread
 constexpr int kV = 4;          // elements per vector access: 16 bytes of fp32, 8 of a 16-bit type

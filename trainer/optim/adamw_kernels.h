@@ -23,11 +23,11 @@
 
 #include <cuda_runtime.h>
 
-#include "trainer/model/target_kernels.h"  // DType
+#include "core/kernel_dtype.h"
 
 namespace dflash::optim::kernels {
 
-using model::kernels::DType;
+using ::dflash::kernels::DType;
 
 inline constexpr int64_t kChunk = 65536;  // elements per CUDA block
 inline constexpr int kMaxTensors = 48;    // tensors per launch (the by-value argument stays < 4 KB)
