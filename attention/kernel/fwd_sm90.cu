@@ -47,15 +47,10 @@ __device__ __forceinline__ void mask_tile(float (&s)[8][4], int n0, bool ctx, co
 }
 #endif
 
-// NW warpgroups per CTA, one query head each: the NW heads of one CTA share a KV head (GQA), so
-// they share every K and V tile it loads (half the L2 -> shared-memory traffic per product with
-// NW = 2; the forward and the dQ pass were bound by it, kernel/NOTES.md). All NW heads of a CTA
-// see the same key tiles (the metadata is per batch row and query tile), so they walk them in
-// step.
-template <int D, int NW>
+template <int D>
 struct FwdWgSmem {
   static constexpr int kTile = kTileQ * D * 2;  // == kTileK * D * 2
-  static constexpr int kBytes = 1024 + (NW + 4) * kTile;  // Q x NW, K x2, V x2 (+1024: alignment)
+  static constexpr int kBytes = 1024 + 5 * kTile;  // Q, K x2, V x2 (+1024: base alignment)
 };
 
 template <int D>
@@ -64,19 +59,17 @@ __device__ __forceinline__ void wgmma_pv(float (&o)[D / 8][4], const uint32_t (&
   else wgmma_rs_n64_tb(o, a, db, 1);
 }
 
-template <int D, int NW>
-__global__ void __launch_bounds__(NW * kWgThreads, 3 - NW) attn_fwd_wgmma_kernel(const AttnParams p) {
+template <int D>
+__global__ void __launch_bounds__(kWgThreads, 2) attn_fwd_wgmma_kernel(const AttnParams p) {
 #ifdef DFLASH_WGMMA
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  using S = FwdWgSmem<D, NW>;
-  constexpr int NT = NW * kWgThreads;
+  using S = FwdWgSmem<D>;
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
-  const int tid = threadIdx.x, lane = tid & 31, wg = tid / kWgThreads, wtid = tid % kWgThreads;
-  const int warp = wtid >> 5;  // warp within the warpgroup: its 16 rows of the query tile
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int nqt = p.meta.nqt;
   const int qt = nqt - 1 - (int)blockIdx.x;  // heavy (late-anchor) tiles first when sorted
-  const int h = blockIdx.y * NW + wg, b = blockIdx.z;
+  const int h = blockIdx.y, b = blockIdx.z;
   const int hk = h / (p.Hq / p.Hkv);
   const int m0 = qt * kTileQ;
   const bf16* q = static_cast<const bf16*>(p.q) + b * p.q_sb + h * p.q_sh;
@@ -94,11 +87,11 @@ __global__ void __launch_bounds__(NW * kWgThreads, 3 - NW) attn_fwd_wgmma_kernel
   // while P(t-1) V(t-1) is on the tensor cores; O is rescaled once that product is done. K(t+1)
   // is loaded at the top of iteration t (K(t-1)'s buffer, read by S(t-1), long done) and V(t+1)
   // once P(t-1) V(t-1) has completed (its buffer). cp.async groups: {Q, K0}, {V0}, K1, V1, K2, ...
-  const uint32_t sQ = base + wg * S::kTile, sK0 = base + NW * S::kTile, sV0 = sK0 + 2 * S::kTile;
-  load_tile_w<kTileQ, D, kWgThreads>(sQ, q, p.q_sr, m0, p.q_len, wtid);
-  if (ntiles > 0) load_tile_w<kTileK, D, NT>(sK0, k, p.k_sr, tile_start(0), p.kv_len, tid);
+  const uint32_t sQ = base, sK0 = base + S::kTile, sV0 = base + 3 * S::kTile;
+  load_tile_w<kTileQ, D, kWgThreads>(sQ, q, p.q_sr, m0, p.q_len, tid);
+  if (ntiles > 0) load_tile_w<kTileK, D, kWgThreads>(sK0, k, p.k_sr, tile_start(0), p.kv_len, tid);
   cp_async_commit();
-  if (ntiles > 0) load_tile_w<kTileK, D, NT>(sV0, v, p.v_sr, tile_start(0), p.kv_len, tid);
+  if (ntiles > 0) load_tile_w<kTileK, D, kWgThreads>(sV0, v, p.v_sr, tile_start(0), p.kv_len, tid);
   cp_async_commit();
 
   const int g = lane >> 2, t4 = lane & 3;
@@ -116,7 +109,8 @@ __global__ void __launch_bounds__(NW * kWgThreads, 3 - NW) attn_fwd_wgmma_kernel
   for (int t = 0; t < ntiles; ++t) {
     const int buf = t & 1;
     if (t + 1 < ntiles)
-      load_tile_w<kTileK, D, NT>(sK0 + (buf ^ 1) * S::kTile, k, p.k_sr, tile_start(t + 1), p.kv_len, tid);
+      load_tile_w<kTileK, D, kWgThreads>(sK0 + (buf ^ 1) * S::kTile, k, p.k_sr, tile_start(t + 1),
+                                         p.kv_len, tid);
     cp_async_commit();
     cp_async_wait<2>();  // K(t) and V(t-1) have landed
     fence_proxy_async();
@@ -193,9 +187,10 @@ __global__ void __launch_bounds__(NW * kWgThreads, 3 - NW) attn_fwd_wgmma_kernel
     for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
       for (int r = 0; r < 4; ++r) pa[kk][r] = pn[kk][r];
-    __syncthreads();  // every warp (of every warpgroup) is done with V(t-1)'s buffer
+    __syncthreads();  // every warp is done with V(t-1)'s buffer
     if (t + 1 < ntiles)
-      load_tile_w<kTileK, D, NT>(sV0 + (buf ^ 1) * S::kTile, v, p.v_sr, tile_start(t + 1), p.kv_len, tid);
+      load_tile_w<kTileK, D, kWgThreads>(sV0 + (buf ^ 1) * S::kTile, v, p.v_sr, tile_start(t + 1),
+                                         p.kv_len, tid);
     cp_async_commit();
   }
   cp_async_wait<0>();
@@ -235,11 +230,11 @@ __global__ void __launch_bounds__(NW * kWgThreads, 3 - NW) attn_fwd_wgmma_kernel
 #endif
 }
 
-template <int D, int NW>
+template <int D>
 void run(const AttnParams& p, cudaStream_t s) {
-  constexpr int smem = FwdWgSmem<D, NW>::kBytes;
-  cudaFuncSetAttribute(attn_fwd_wgmma_kernel<D, NW>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  attn_fwd_wgmma_kernel<D, NW><<<dim3(p.meta.nqt, p.Hq / NW, p.B), NW * kWgThreads, smem, s>>>(p);
+  constexpr int smem = FwdWgSmem<D>::kBytes;
+  cudaFuncSetAttribute(attn_fwd_wgmma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  attn_fwd_wgmma_kernel<D><<<dim3(p.meta.nqt, p.Hq, p.B), kWgThreads, smem, s>>>(p);
   DFLASH_CHECK_LAUNCH("attention forward (wgmma)");
 }
 
@@ -247,26 +242,23 @@ void run(const AttnParams& p, cudaStream_t s) {
 // ---- dQ pass of the backward (same schedule as attn_bwd_dq_kernel in bwd.cu) -----------------
 //   S  = Q K^T, dP = dO V^T   (A = Q / dO tile, B = K / V tile, K-major)    m64n64k16 x d/16 each
 //   dQ += dS K                (A = dS from registers, B = K tile N-major)   m64n{d}k16 x 4
-// NW warpgroups per CTA, one query head each, sharing the K and V tiles (as in the forward).
-template <int D, int NW>
+template <int D>
 struct DqWgSmem {
   static constexpr int kTile = kTileQ * D * 2;
-  static constexpr int kBytes = 1024 + (2 * NW + 4) * kTile;  // (Q, dO) x NW, K x2, V x2
+  static constexpr int kBytes = 1024 + 6 * kTile;  // Q, dO, K x2, V x2
 };
 
-template <int D, int NW>
-__global__ void __launch_bounds__(NW * kWgThreads, 3 - NW) attn_bwd_dq_wgmma_kernel(const AttnParams p) {
+template <int D>
+__global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dq_wgmma_kernel(const AttnParams p) {
 #ifdef DFLASH_WGMMA
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  using S = DqWgSmem<D, NW>;
-  constexpr int NT = NW * kWgThreads;
+  using S = DqWgSmem<D>;
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
-  const int tid = threadIdx.x, lane = tid & 31, wg = tid / kWgThreads, wtid = tid % kWgThreads;
-  const int warp = wtid >> 5;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int nqt = p.meta.nqt;
   const int qt = nqt - 1 - (int)blockIdx.x;
-  const int h = blockIdx.y * NW + wg, b = blockIdx.z;
+  const int h = blockIdx.y, b = blockIdx.z;
   const int hk = h / (p.Hq / p.Hkv);
   const int m0 = qt * kTileQ;
   const bf16* q = static_cast<const bf16*>(p.q) + b * p.q_sb + h * p.q_sh;
@@ -280,14 +272,13 @@ __global__ void __launch_bounds__(NW * kWgThreads, 3 - NW) attn_bwd_dq_wgmma_ker
   const int ntiles = n1 + n2;
   auto tile_start = [&](int t) { return t < n1 ? tq.x + t * kTileK : tq.z + (t - n1) * kTileK; };
 
-  const uint32_t sQ = base + 2 * wg * S::kTile, sdO = sQ + S::kTile;
-  const uint32_t sK0 = base + 2 * NW * S::kTile, sV0 = sK0 + 2 * S::kTile;
-  load_tile_w<kTileQ, D, kWgThreads>(sQ, q, p.q_sr, m0, p.q_len, wtid);
-  load_tile_w<kTileQ, D, kWgThreads>(sdO, dout, p.do_sr, m0, p.q_len, wtid);
+  const uint32_t sQ = base, sdO = base + S::kTile, sK0 = base + 2 * S::kTile, sV0 = base + 4 * S::kTile;
+  load_tile_w<kTileQ, D, kWgThreads>(sQ, q, p.q_sr, m0, p.q_len, tid);
+  load_tile_w<kTileQ, D, kWgThreads>(sdO, dout, p.do_sr, m0, p.q_len, tid);
   if (ntiles > 0) {
     const int n0 = tile_start(0);
-    load_tile_w<kTileK, D, NT>(sK0, k, p.k_sr, n0, p.kv_len, tid);
-    load_tile_w<kTileK, D, NT>(sV0, v, p.v_sr, n0, p.kv_len, tid);
+    load_tile_w<kTileK, D, kWgThreads>(sK0, k, p.k_sr, n0, p.kv_len, tid);
+    load_tile_w<kTileK, D, kWgThreads>(sV0, v, p.v_sr, n0, p.kv_len, tid);
   }
   cp_async_commit();
 
@@ -335,11 +326,11 @@ __global__ void __launch_bounds__(NW * kWgThreads, 3 - NW) attn_bwd_dq_wgmma_ker
     reg_fence(s);
     reg_fence(dq);
     reg_fence_a(da);
-    __syncthreads();  // every warp (of every warpgroup) is past dQ(t-1): tile t-1's buffers may be refilled
+    __syncthreads();  // every warp is past dQ(t-1): tile t-1's buffers may be refilled
     if (t + 1 < ntiles) {
       const int n0n = tile_start(t + 1);
-      load_tile_w<kTileK, D, NT>(sK0 + (buf ^ 1) * S::kTile, k, p.k_sr, n0n, p.kv_len, tid);
-      load_tile_w<kTileK, D, NT>(sV0 + (buf ^ 1) * S::kTile, v, p.v_sr, n0n, p.kv_len, tid);
+      load_tile_w<kTileK, D, kWgThreads>(sK0 + (buf ^ 1) * S::kTile, k, p.k_sr, n0n, p.kv_len, tid);
+      load_tile_w<kTileK, D, kWgThreads>(sV0 + (buf ^ 1) * S::kTile, v, p.v_sr, n0n, p.kv_len, tid);
     }
     cp_async_commit();
 
@@ -386,34 +377,27 @@ __global__ void __launch_bounds__(NW * kWgThreads, 3 - NW) attn_bwd_dq_wgmma_ker
 #endif
 }
 
-template <int D, int NW>
+template <int D>
 void run_dq(const AttnParams& p, cudaStream_t s) {
-  constexpr int smem = DqWgSmem<D, NW>::kBytes;
-  cudaFuncSetAttribute(attn_bwd_dq_wgmma_kernel<D, NW>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  attn_bwd_dq_wgmma_kernel<D, NW><<<dim3(p.meta.nqt, p.Hq / NW, p.B), NW * kWgThreads, smem, s>>>(p);
+  constexpr int smem = DqWgSmem<D>::kBytes;
+  cudaFuncSetAttribute(attn_bwd_dq_wgmma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  attn_bwd_dq_wgmma_kernel<D><<<dim3(p.meta.nqt, p.Hq, p.B), kWgThreads, smem, s>>>(p);
   DFLASH_CHECK_LAUNCH("attention backward dq (wgmma)");
-}
-
-// Two heads per CTA where both map to one KV head (an even number of query heads per KV head)
-// and the caller did not ask for one.
-bool pair_heads(const AttnParams& p, int heads_per_cta) {
-  return heads_per_cta != 1 && p.Hkv > 0 && (p.Hq / p.Hkv) % 2 == 0;
 }
 
 }  // namespace
 
-void launch_dq_wgmma(const AttnParams& p, int heads_per_cta, void* stream) {
+void launch_dq_wgmma(const AttnParams& p, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
-  const bool pair = pair_heads(p, heads_per_cta);
-  if (p.d == 128) pair ? run_dq<128, 2>(p, s) : run_dq<128, 1>(p, s);
-  else pair ? run_dq<64, 2>(p, s) : run_dq<64, 1>(p, s);
+  if (p.d == 128) run_dq<128>(p, s);
+  else run_dq<64>(p, s);
 }
 
-void launch_fwd_wgmma(const AttnParams& p, int heads_per_cta, void* stream) {
+
+void launch_fwd_wgmma(const AttnParams& p, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
-  const bool pair = pair_heads(p, heads_per_cta);
-  if (p.d == 128) pair ? run<128, 2>(p, s) : run<128, 1>(p, s);
-  else pair ? run<64, 2>(p, s) : run<64, 1>(p, s);
+  if (p.d == 128) run<128>(p, s);
+  else run<64>(p, s);
 }
 
 }  // namespace dflash::attention
