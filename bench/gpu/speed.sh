@@ -84,17 +84,7 @@ cp "$WORK/run-colocated-prof/profile/rank0.trace.json" "$OUT/colocated_profile_t
 # 3c. the long shape's first step (1 x 40000 tokens, 2048 anchors; drafter.num_anchors counts per
 # document, so the documents are 40000 tokens long: 8 random ones, prompt 4000 tokens): a short
 # colocated run, its "first step done" line checked for <= 3 s after the load
-"$PY" - "$WORK/data-long" <<'PYEOF'
-import os, sys
-import numpy as np
-sys.path.insert(0, "tools")
-import dflash_shard
-out = sys.argv[1]
-os.makedirs(out, exist_ok=True)
-rng = np.random.default_rng(1)
-docs = [(rng.integers(0, 151643, 40000), np.r_[np.zeros(4000, np.int64), np.ones(36000, np.int64)]) for _ in range(8)]
-dflash_shard.write_shard(os.path.join(out, "long-00000.dfshard"), docs, 151936)
-PYEOF
+bench_long_data
 rm -rf "$WORK/run-colocated-long"
 CUDA_VISIBLE_DEVICES=0 timeout 300 "$BUILD/trainer/dflash_rank" --config configs/debug-2gpu.yaml layout.colocated=true \
   target.model_dir="$WORK/qwen3-8b" "data.shards=[$WORK/data-long]" train.max_steps=3 log.interval=1 \

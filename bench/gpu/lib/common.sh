@@ -10,6 +10,8 @@
 #   bench_need_gpus N [WHY]                with fewer than N GPUs: "SKIP: WHY" in the summary, exit 0
 #   bench_random_target_and_data           WORK/qwen3-8b (Qwen3-8B-shaped random bf16 target) unless
 #       there already, and WORK/data/random-00000.dfshard (240 random documents of 3072 tokens)
+#   bench_long_data                        WORK/data-long/long-00000.dfshard: 8 random documents of
+#       40000 tokens (prompt 4000, mask 0), the long shape 1 x 40000 of issue 15
 
 bench_setup() {
   local name=$1 work_default=$2; shift 2
@@ -55,5 +57,19 @@ for _ in range(240):  # 240 x 3072 tokens: prompt 512 (mask 0), response 2560 (m
     ids = rng.integers(0, 151643, 3072)
     docs.append((ids, np.r_[np.zeros(512, np.int64), np.ones(2560, np.int64)]))
 dflash_shard.write_shard(os.path.join(out, "random-00000.dfshard"), docs, 151936)
+PYEOF
+}
+
+bench_long_data() {
+  "$PY" - "$WORK/data-long" <<'PYEOF'
+import os, sys
+import numpy as np
+sys.path.insert(0, "tools")
+import dflash_shard
+out = sys.argv[1]
+os.makedirs(out, exist_ok=True)
+rng = np.random.default_rng(1)
+docs = [(rng.integers(0, 151643, 40000), np.r_[np.zeros(4000, np.int64), np.ones(36000, np.int64)]) for _ in range(8)]
+dflash_shard.write_shard(os.path.join(out, "long-00000.dfshard"), docs, 151936)
 PYEOF
 }
