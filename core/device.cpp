@@ -1,10 +1,21 @@
 #include "core/device.h"
 
 #include <fstream>
+#include <utility>
 #include <sstream>
 #include <string>
 
 #ifdef DFLASH_CUDA
+#include <ATen/ops/addmm.h>
+#include <ATen/ops/aminmax.h>
+#include <ATen/ops/embedding.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/rms_norm.h>
+#include <ATen/ops/zeros.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/InferenceMode.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAFunctions.h>
 #endif
@@ -33,6 +44,39 @@ at::Tensor to_device(const at::Tensor& t, const c10::Device& d) {
   if (d.is_cuda() && t.is_cpu()) return t.contiguous().pin_memory().to(d, /*non_blocking=*/true);
 #endif
   return t.to(d);
+}
+
+WarmUp::WarmUp(const c10::Device& d) {
+#ifdef DFLASH_CUDA
+  if (!d.is_cuda()) return;
+  thread_ = std::thread([this, d] {
+    try {
+      c10::DeviceGuard guard(d);
+      c10::InferenceMode inference;
+      const auto bf = at::TensorOptions().device(d).dtype(at::kBFloat16);
+      at::Tensor a = at::randn({256, 256}, bf), b = at::randn({256, 256}, bf);
+      at::Tensor c = at::mm(a, b.t());
+      c.addmm_(a, b.t());  // the residual products' form (x.addmm_)
+      at::Tensor n = at::rms_norm(c, {256}, at::ones({256}, bf), 1e-6);
+      at::Tensor ids = at::zeros({4}, at::TensorOptions().device(d).dtype(at::kLong));
+      (void)at::aminmax(ids);  // the first reductions (token id checks)
+      (void)at::embedding(n, ids);
+      c10::cuda::device_synchronize();
+    } catch (...) {
+      error_ = std::current_exception();
+    }
+  });
+#endif
+  (void)d;
+}
+
+WarmUp::~WarmUp() {
+  if (thread_.joinable()) thread_.join();
+}
+
+void WarmUp::wait() {
+  if (thread_.joinable()) thread_.join();
+  if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
 }
 
 void reset_peak(const c10::Device& d) {

@@ -10,6 +10,9 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 
+#include <exception>
+#include <thread>
+
 namespace dflash::device {
 
 // Waits for all work queued on `d` (no-op on CPU).
@@ -28,5 +31,26 @@ double peak_rss_gib();
 // pinned block stays reserved until the copy is done (LibTorch's host allocator records it).
 // Otherwise t.to(d).
 at::Tensor to_device(const at::Tensor& t, const c10::Device& d);
+
+// The one-time set-up that a rank's first step would otherwise pay on a CUDA device, run on a
+// thread of its own while the rank loads its weights: the cuBLAS and cuBLASLt handles and their
+// workspace (handed back to LibTorch's handle pool when the thread ends, so the rank's own thread
+// takes them over) and the kernel modules of the first products, norms, embedding and
+// reductions (CUDA loads modules lazily, at a kernel's first launch). Measured at 1 x 40000 on an
+// H200: the first step's first GEMM launched ~96 ms late without it (bench/RESULTS.md). Nothing
+// on CPU. wait() joins and rethrows what the thread threw; the destructor joins and drops it.
+class WarmUp {
+ public:
+  WarmUp() = default;
+  explicit WarmUp(const c10::Device& d);
+  WarmUp(const WarmUp&) = delete;  // the thread holds `this`
+  WarmUp& operator=(const WarmUp&) = delete;
+  ~WarmUp();
+  void wait();
+
+ private:
+  std::thread thread_;
+  std::exception_ptr error_;
+};
 
 }  // namespace dflash::device

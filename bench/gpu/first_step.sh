@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Where the long shape's first step goes (one H200, about 3 minutes): the colocated run of speed.sh
+# Where the long shape's first step goes (one H200, about 3 minutes): test_device (the warm-up
+# under the load, core/device.h), then the colocated run of speed.sh
 # 3c (Qwen3-8B-shaped random target, 1 x 40000-token documents, 2048 anchors, 3 steps), run
 #   1. as is (its "first step done" line, and steady steps 2..3 from metrics.jsonl);
 #   2. with the caching allocator's expandable segments (PYTORCH_CUDA_ALLOC_CONF);
@@ -7,13 +8,15 @@
 #      by name (cudaMalloc, module loading, synchronisations), and its idle device gaps
 #      (bench/trace_gaps.py) with the host operators that left them.
 #   bash bench/gpu/first_step.sh BUILD_DIR OUT_DIR     (bash bench/gpu/run_all.sh first_step)
-# targets: dflash_rank target_bench
+# targets: dflash_rank target_bench test_device
 set -uo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib/common.sh
 source "$(dirname "$0")/lib/common.sh"
 bench_setup first_step /tmp/dflash-pipeline-bench "$@"
 bench_need_gpus 1
 rc=0
+timeout 60 "$BUILD/tests/unit/test_device" > "$OUT/test_device.txt" 2>&1 || { rc=1; echo "FAILED: test_device"; }
+grep -E '^\[ *(PASSED|FAILED|SKIPPED) ' "$OUT/test_device.txt" | tee -a "$SUMMARY"
 bench_random_target_and_data
 bench_long_data
 args=(--config configs/debug-2gpu.yaml layout.colocated=true target.model_dir="$WORK/qwen3-8b"

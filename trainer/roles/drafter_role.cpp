@@ -135,6 +135,7 @@ struct DrafterTrainer::Impl {
   metrics::Timeline tl;
   struct BatchMarks {
     int64_t ready, start, stop;
+    int64_t target_began;  // colocated: the target's capture of this batch, target_began -> ready; else -1
   };
   std::vector<BatchMarks> marks;
   int64_t idle_since = -1;    // mark: end of this drafter's previous work
@@ -216,7 +217,7 @@ DrafterTrainer::DrafterTrainer(const RoleContext& ctx, int64_t drafter_index, in
 
 DrafterTrainer::~DrafterTrainer() = default;
 
-void DrafterTrainer::train_batch(const BatchMessage& b, int64_t ready) {
+void DrafterTrainer::train_batch(const BatchMessage& b, int64_t ready, int64_t target_began) {
   Impl& m = *impl_;
   const int64_t start = m.tl.mark();
   const int64_t k = b.batch;
@@ -251,7 +252,7 @@ void DrafterTrainer::train_batch(const BatchMessage& b, int64_t ready) {
   s[kTauInvSum] += out.tau_inv_sum;
   s[kTauBlocks] += static_cast<double>(out.tau_blocks);
   s[kTokens] += static_cast<double>(ids.numel());
-  s[kTargetBusy] += ts.busy_s;
+  if (target_began < 0) s[kTargetBusy] += ts.busy_s;  // else read from the marks when the step closes
   s[kTargetWait] += ts.wait_s;
   s[kBatches] += 1;
   s[kStop] += ts.stop;
@@ -263,7 +264,7 @@ void DrafterTrainer::train_batch(const BatchMessage& b, int64_t ready) {
   }
   // No sync: the marks are read when the step closes (finish_step), when this work is done.
   const int64_t stop = m.tl.mark();
-  m.marks.push_back({ready >= 0 ? ready : m.idle_since, start, stop});
+  m.marks.push_back({ready >= 0 ? ready : m.idle_since, start, stop, ready >= 0 ? target_began : -1});
   m.idle_since = stop;
 }
 
@@ -275,6 +276,7 @@ bool DrafterTrainer::finish_step(int64_t s) {
   for (const auto& bm : m.marks) {
     m.step[kCompute] += m.tl.seconds(bm.start, bm.stop);
     m.step[kDrafterWait] += m.tl.seconds(bm.ready, bm.start);
+    if (bm.target_began >= 0) m.step[kTargetBusy] += m.tl.seconds(bm.target_began, bm.ready);
   }
   const bool first = s == p.start_step;
   if (first && !m.marks.empty()) m.first_wait_s = m.tl.seconds(m.marks.front().ready, m.marks.front().start);
@@ -461,7 +463,9 @@ void run_drafter_role(const RoleContext& ctx) {
   const Schedule& sched = ctx.rank.schedule;
   const int rank = ctx.rank.id.rank;
   const int64_t j = sched.drafter_index(rank);
+  device::WarmUp warm(p.device);  // under the load of the embeddings and the drafter (core/device.h)
   DrafterTrainer trainer(ctx, j, rank);
+  warm.wait();
   std::unique_ptr<EvalLeader> evl;
   if (ctx.eval_group && j == 0) evl = std::make_unique<EvalLeader>(ctx);
   const std::vector<int64_t> mine = sched.drafter_batches(j, p.start_batch, p.total_batches);
@@ -521,7 +525,9 @@ void run_colocated(const RoleContext& ctx) {
   lo.lm_head = false;
   lo = target_load_options(ctx, lo);  // with eval: the full model, shared with the eval (eval_hooks.h)
   const double load_began = now_s();
+  device::WarmUp warm(p.device);  // under the load (core/device.h)
   model::TargetModel target = model::TargetModel::load(ctx.cfg.target.model_dir, p.target_dtype, p.device, lo);
+  warm.wait();
   ColocatedEval evc(ctx, target);  // before the trainer: its warm-up is not in the timed steps
   DrafterTrainer trainer(ctx, 0, ctx.rank.id.rank, load_began);
   metrics::Timeline& tl = trainer.timeline();
@@ -545,9 +551,11 @@ void run_colocated(const RoleContext& ctx) {
     bm.cu_seqlens = b.cu_seqlens;
     bm.loss_mask = b.loss_mask;
     const int64_t t1 = tl.mark();
-    // Reading waits for the capture (the drafter's first readback would wait for it too).
-    bm.stats = TargetStats{static_cast<double>(b.num_tokens()), tl.seconds(t0, t1), 0.0};
-    trainer.train_batch(bm, t1);  // the drafter waited for nothing: its batch was ready at t1
+    // The target's busy time t0 -> t1 is read when the step closes: reading it here would wait
+    // for the capture and leave the device idle while the host prepares the drafter's step
+    // (blocks sampled on the host: ~30 ms at 1 x 40000, bench/RESULTS.md).
+    bm.stats = TargetStats{static_cast<double>(b.num_tokens()), 0.0, 0.0};
+    trainer.train_batch(bm, t1, t0);  // the drafter waited for nothing: its batch was ready at t1
     if (sched.closes_step(k, p.grad_accum)) {
       const int64_t s = sched.step_of(k, p.grad_accum);
       const bool stopping = trainer.finish_step(s);

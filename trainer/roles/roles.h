@@ -67,7 +67,10 @@ class DrafterTrainer {
   // Forward + backward of batch b.batch (gradients accumulate, scaled by 1/grad_accum).
   // ready: the timeline mark from which the drafter waited for this batch (-1: the end of its
   // previous work); its wait is the time from there to the start of this batch's work.
-  void train_batch(const BatchMessage& b, int64_t ready = -1);
+  // target_began (the colocated loop, with ready): the mark before its capture of this batch; the
+  // target's busy time is then target_began -> ready, read when the step closes (b.stats.busy_s
+  // is not used), so that the host need not wait for the capture before queueing the drafter.
+  void train_batch(const BatchMessage& b, int64_t ready = -1, int64_t target_began = -1);
   // Closes optimizer step s (0-based): reduce over the drafter group, clip, AdamW, metrics,
   // state and export when due; drafter 0 sends the step's control message to the targets
   // (preempt.h). Returns true if the run stops after this step (preemption: state written).

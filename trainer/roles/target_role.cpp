@@ -26,7 +26,9 @@ void run_target_role(const RoleContext& ctx) {
   lo.lm_head = false;
   lo = target_load_options(ctx, lo);  // the eval rank: the full model, shared with the eval (eval_hooks.h)
   const double t_load = now_s();
+  device::WarmUp warm(p.device);  // under the load (core/device.h)
   model::TargetModel target = model::TargetModel::load(ctx.cfg.target.model_dir, p.target_dtype, p.device, lo);
+  warm.wait();
   const std::vector<int64_t> mine = sched.target_batches(i, p.start_batch, p.total_batches);
   log::info("target {}: loaded {} layers of {} in {:.1f} s; {} batches to produce", i, target.num_layers_loaded(),
             ctx.cfg.target.model_dir, now_s() - t_load, mine.size());
