@@ -46,21 +46,27 @@ at::Tensor to_device(const at::Tensor& t, const c10::Device& d) {
   return t.to(d);
 }
 
-WarmUp::WarmUp(const c10::Device& d) {
+WarmUp::WarmUp(const c10::Device& d, std::function<void()> more) {
 #ifdef DFLASH_CUDA
   if (!d.is_cuda()) return;
-  thread_ = std::thread([this, d] {
+  thread_ = std::thread([this, d, more = std::move(more)] {
     try {
       c10::DeviceGuard guard(d);
-      c10::InferenceMode inference;
       const auto bf = at::TensorOptions().device(d).dtype(at::kBFloat16);
-      at::Tensor a = at::randn({256, 256}, bf), b = at::randn({256, 256}, bf);
-      at::Tensor c = at::mm(a, b.t());
-      c.addmm_(a, b.t());  // the residual products' form (x.addmm_)
-      at::Tensor n = at::rms_norm(c, {256}, at::ones({256}, bf), 1e-6);
-      at::Tensor ids = at::zeros({4}, at::TensorOptions().device(d).dtype(at::kLong));
-      (void)at::aminmax(ids);  // the first reductions (token id checks)
-      (void)at::embedding(n, ids);
+      {
+        c10::InferenceMode inference;
+        at::Tensor a = at::randn({256, 256}, bf), b = at::randn({256, 256}, bf);
+        at::Tensor c = at::mm(a, b.t());
+        c.addmm_(a, b.t());  // the residual products' form (x.addmm_)
+        at::Tensor n = at::rms_norm(c, {256}, at::ones({256}, bf), 1e-6);
+        at::Tensor ids = at::zeros({4}, at::TensorOptions().device(d).dtype(at::kLong));
+        (void)at::aminmax(ids);  // the first reductions (token id checks)
+        (void)at::embedding(n, ids);
+      }
+      // The autograd engine starts its thread for the device at the first backward there.
+      at::Tensor w = at::ones({16, 16}, bf).requires_grad_(true);
+      at::mm(w, w).sum().backward();
+      if (more) more();
       c10::cuda::device_synchronize();
     } catch (...) {
       error_ = std::current_exception();
@@ -68,6 +74,7 @@ WarmUp::WarmUp(const c10::Device& d) {
   });
 #endif
   (void)d;
+  (void)more;
 }
 
 WarmUp::~WarmUp() {

@@ -11,6 +11,7 @@
 #include <c10/core/Device.h>
 
 #include <exception>
+#include <functional>
 #include <thread>
 
 namespace dflash::device {
@@ -36,13 +37,16 @@ at::Tensor to_device(const at::Tensor& t, const c10::Device& d);
 // thread of its own while the rank loads its weights: the cuBLAS and cuBLASLt handles and their
 // workspace (handed back to LibTorch's handle pool when the thread ends, so the rank's own thread
 // takes them over) and the kernel modules of the first products, norms, embedding and
-// reductions (CUDA loads modules lazily, at a kernel's first launch). Measured at 1 x 40000 on an
+// reductions (CUDA loads modules lazily, at a kernel's first launch), and the autograd engine's
+// device thread (started by the process's first backward on the device). Measured at 1 x 40000 on an
 // H200: the first step's first GEMM launched ~96 ms late without it (bench/RESULTS.md). Nothing
-// on CPU. wait() joins and rethrows what the thread threw; the destructor joins and drops it.
+// on CPU. `more` runs after these on the same thread (the models' own first ops, e.g.
+// model::Drafter::warm_up_kernels). wait() joins and rethrows what the thread threw; the
+// destructor joins and drops it.
 class WarmUp {
  public:
   WarmUp() = default;
-  explicit WarmUp(const c10::Device& d);
+  explicit WarmUp(const c10::Device& d, std::function<void()> more = {});
   WarmUp(const WarmUp&) = delete;  // the thread holds `this`
   WarmUp& operator=(const WarmUp&) = delete;
   ~WarmUp();

@@ -8,6 +8,8 @@
 #include <ATen/ops/mm.h>
 #include <ATen/ops/ones.h>
 
+#include <stdexcept>
+
 #include "core/device.h"
 #include "tests/gpu_test.h"
 
@@ -23,9 +25,15 @@ TEST(DeviceWarmUp, DoesNothingOnCpu) {
 TEST(DeviceWarmUp, FinishesOnCudaAndLeavesTheDeviceUsable) {
   if (!dflash::test::have_cuda()) GTEST_SKIP() << "no CUDA device";
   const c10::Device d(c10::kCUDA, 0);
+  bool ran = false;
   {
-    WarmUp w(d);
+    WarmUp w(d, [&ran] { ran = true; });
     EXPECT_NO_THROW(w.wait());
+  }
+  EXPECT_TRUE(ran) << "the extra warm-up did not run";
+  {
+    WarmUp w(d, [] { throw std::runtime_error("boom"); });
+    EXPECT_THROW(w.wait(), std::runtime_error) << "wait() rethrows what the thread threw";
   }
   { WarmUp dropped(d); }  // the destructor joins a thread not waited for
   const auto opt = at::TensorOptions().device(d).dtype(at::kBFloat16);

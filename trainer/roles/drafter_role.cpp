@@ -463,7 +463,8 @@ void run_drafter_role(const RoleContext& ctx) {
   const Schedule& sched = ctx.rank.schedule;
   const int rank = ctx.rank.id.rank;
   const int64_t j = sched.drafter_index(rank);
-  device::WarmUp warm(p.device);  // under the load of the embeddings and the drafter (core/device.h)
+  // under the load of the embeddings and the drafter (core/device.h)
+  device::WarmUp warm(p.device, [&p] { model::Drafter::warm_up_kernels(p.device, p.drafter_dtype); });
   DrafterTrainer trainer(ctx, j, rank);
   warm.wait();
   std::unique_ptr<EvalLeader> evl;
@@ -525,7 +526,8 @@ void run_colocated(const RoleContext& ctx) {
   lo.lm_head = false;
   lo = target_load_options(ctx, lo);  // with eval: the full model, shared with the eval (eval_hooks.h)
   const double load_began = now_s();
-  device::WarmUp warm(p.device);  // under the load (core/device.h)
+  // under the load (core/device.h): the set-up, and the kernel modules, of the first step
+  device::WarmUp warm(p.device, [&p] { model::Drafter::warm_up_kernels(p.device, p.drafter_dtype); });
   model::TargetModel target = model::TargetModel::load(ctx.cfg.target.model_dir, p.target_dtype, p.device, lo);
   warm.wait();
   ColocatedEval evc(ctx, target);  // before the trainer: its warm-up is not in the timed steps
