@@ -9,9 +9,9 @@
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/aminmax.h>
 #include <ATen/ops/embedding.h>
+#include <ATen/ops/full.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/ones.h>
-#include <ATen/ops/full.h>
 #include <ATen/ops/rms_norm.h>
 #include <ATen/ops/zeros.h>
 #include <c10/core/DeviceGuard.h>
