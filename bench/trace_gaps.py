@@ -4,9 +4,13 @@ Chrome trace written by LibTorch's profiler (drafter_bench --profile-trace FILE,
 <run.dir>/profile/rank<N>.trace.json), largest first, each with the kernels on either side and the
 host operators that were running (outermost first) when the gap began.
 
-    python3 bench/trace_gaps.py TRACE.json[.gz] [--top 25] [--min-us 20]
+    python3 bench/trace_gaps.py TRACE.json[.gz] [--top 25] [--min-us 20] [--calls N]
+
+--calls N also lists the N CUDA runtime/driver calls of the window with the most total time
+(cudaMalloc, cudaEventSynchronize, module loading, ...), summed by name.
 """
 import argparse
+import collections
 import gzip
 import json
 import sys
@@ -23,6 +27,7 @@ def main():
     ap.add_argument("trace")
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--min-us", type=float, default=20.0, help="gaps shorter than this are summed, not listed")
+    ap.add_argument("--calls", type=int, default=0, help="also list the N CUDA runtime/driver calls with the most time")
     a = ap.parse_args()
     ev = load(a.trace)
     ev = ev.get("traceEvents", ev) if isinstance(ev, dict) else ev
@@ -46,6 +51,15 @@ def main():
     small = sum(g[0] for g in gaps if g[0] < a.min_us)
     print(f"kernels {len(kernels)}, span {span / 1e3:.2f} ms, busy {busy / 1e3:.2f} ms ({100 * busy / span:.1f}%), "
           f"idle {(span - busy) / 1e3:.2f} ms in {len(gaps)} gaps ({small / 1e3:.2f} ms in gaps < {a.min_us:g} us)")
+    if a.calls:
+        by = collections.defaultdict(lambda: [0, 0.0])
+        for e in ev:
+            if e.get("ph") == "X" and e.get("cat") in ("cuda_runtime", "cuda_driver"):
+                by[e["name"]][0] += 1
+                by[e["name"]][1] += e["dur"]
+        print("CUDA runtime/driver calls, by total time:")
+        for n, (c, d) in sorted(by.items(), key=lambda i: -i[1][1])[: a.calls]:
+            print(f"  {n:<40} {c:>6} calls {d / 1e3:9.1f} ms")
     print("\nA gap ends when the host launches the next kernel: the operators named are those that launched it, "
           "and 'late' is how long after the gap began the launch call started.")
     print(f"\n| gap us | at ms | kernel before | kernel after | late us | host operators launching the kernel after |")

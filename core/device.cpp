@@ -1,9 +1,9 @@
 #include "core/device.h"
 
 #include <fstream>
-#include <utility>
 #include <sstream>
 #include <string>
+#include <utility>
 
 #ifdef DFLASH_CUDA
 #include <ATen/ops/addmm.h>

@@ -45,7 +45,6 @@ at::Tensor to_device(const at::Tensor& t, const c10::Device& d);
 // destructor joins and drops it.
 class WarmUp {
  public:
-  WarmUp() = default;
   explicit WarmUp(const c10::Device& d, std::function<void()> more = {});
   WarmUp(const WarmUp&) = delete;  // the thread holds `this`
   WarmUp& operator=(const WarmUp&) = delete;

@@ -86,25 +86,15 @@ cp "$WORK/run-colocated-prof/profile/rank0.trace.json" "$OUT/colocated_profile_t
 # colocated run, its "first step done" line checked for <= 3 s after the load
 bench_long_data
 rm -rf "$WORK/run-colocated-long"
-CUDA_VISIBLE_DEVICES=0 timeout 300 "$BUILD/trainer/dflash_rank" --config configs/debug-2gpu.yaml layout.colocated=true \
-  target.model_dir="$WORK/qwen3-8b" "data.shards=[$WORK/data-long]" train.max_steps=3 log.interval=1 \
-  checkpoint.state_every=0 checkpoint.export_every=0 comm.timeout_s=600 data.batch_tokens=40000 \
-  data.max_seq_len=40000 drafter.num_anchors=2048 run.dir="$WORK/run-colocated-long" \
+CUDA_VISIBLE_DEVICES=0 timeout 300 "$BUILD/trainer/dflash_rank" "${LONG_RUN[@]}" run.dir="$WORK/run-colocated-long" \
   > "$OUT/speed_colocated_long.log" 2>&1 || rc=1
 echo "## colocated, long shape (1 x 40000, 2048 anchors), 3 steps" | tee -a "$SUMMARY"
 grep -hE "first step done|\] step [0-9]+/3 |error" "$OUT/speed_colocated_long.log" | tee -a "$SUMMARY"
 first=$(sed -n 's/.*first step done.*, first step \([0-9.]*\) s.*/\1/p' "$OUT/speed_colocated_long.log" | head -1)
 # beside it, a steady step of the same run (metrics.jsonl, log.interval 1: steps 2 and 3): the part
 # of the first step that is one step's work, not start-up
-"$PY" - "$WORK/run-colocated-long/metrics.jsonl" "${first:-nan}" <<'PYEOF' | tee -a "$SUMMARY"
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1])] if __import__("os").path.exists(sys.argv[1]) else []
-steady = [r["interval_s"] for r in rows if r.get("step", 0) >= 2 and r.get("interval_s")]
-if steady:
-    s = sum(steady) / len(steady)
-    print(f"INFO long shape: first step {sys.argv[2]} s after the load; a steady step of this run {s:.2f} s "
-          f"(steps 2..3): start-up beyond one step's work {float(sys.argv[2]) - s:.2f} s")
-PYEOF
+steady=$(bench_steady_s "$WORK/run-colocated-long/metrics.jsonl")
+[ -n "$steady" ] && awk -v f="${first:-nan}" -v s="$steady" 'BEGIN { printf "INFO long shape: first step %s s after the load; a steady step of this run %.2f s (steps 2..3): start-up beyond one step'"'"'s work %.2f s\n", f, s, f - s }' | tee -a "$SUMMARY"
 if [ -n "$first" ] && awk -v f="$first" 'BEGIN { exit !(f <= 3.0) }'; then
   echo "PASS long shape: first step $first s after the weights are loaded (<= 3 s)" | tee -a "$SUMMARY"
 else

@@ -17,9 +17,11 @@ namespace dflash::device {
 namespace {
 
 TEST(DeviceWarmUp, DoesNothingOnCpu) {
-  WarmUp w(c10::Device(c10::kCPU));
+  bool ran = false;
+  WarmUp w(c10::Device(c10::kCPU), [&ran] { ran = true; });
   w.wait();
   w.wait();  // joining twice is fine
+  EXPECT_FALSE(ran) << "the warm-up ran on the CPU, where there is nothing to set up";
 }
 
 TEST(DeviceWarmUp, FinishesOnCudaAndLeavesTheDeviceUsable) {

@@ -173,7 +173,7 @@ class Drafter {
   at::Device device() const { return device_; }
   at::ScalarType dtype() const { return dtype_; }
   // Tiny versions of the step's ATen ops that no other part of a rank runs before its first step
-  // (the RoPE tables: arange, pow, reciprocal, div, cat, cos, sin; the block inputs' cat), on
+  // (the RoPE tables: arange, pow, reciprocal, div, cat, cos, sin; the positions' cat), on
   // `device`: CUDA loads a kernel's module at its first launch (~35 ms for pow's, bench/RESULTS.md),
   // so that this runs under the weights' load (core/device.h WarmUp), not in the first step.
   static void warm_up_kernels(at::Device device, at::ScalarType dtype);

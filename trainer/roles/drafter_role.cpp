@@ -164,6 +164,12 @@ namespace {
 // The recommended split (metrics/split.h) from tokens and the busy seconds summed over the
 // batches' target ranks and over the drafter ranks: per-rank rates tokens / busy seconds.
 // N: the run's GPUs (a colocated run: what 2 GPUs would do).
+// A drafter rank's one-time set-up (core/device.h) with the drafter's own first ops, started
+// before its load so that it runs under it.
+device::WarmUp drafter_warm_up(const RunPlan& p) {
+  return device::WarmUp(p.device, [&p] { model::Drafter::warm_up_kernels(p.device, p.drafter_dtype); });
+}
+
 metrics::SplitAdvice split_of(const RunPlan& p, double tokens, double target_busy, double drafter_busy) {
   const int64_t gpus = p.colocated ? 2 : p.target_ranks + p.drafter_ranks;
   return metrics::recommend_split(gpus, target_busy > 0 ? tokens / target_busy : 0.0,
@@ -264,7 +270,7 @@ void DrafterTrainer::train_batch(const BatchMessage& b, int64_t ready, int64_t t
   }
   // No sync: the marks are read when the step closes (finish_step), when this work is done.
   const int64_t stop = m.tl.mark();
-  m.marks.push_back({ready >= 0 ? ready : m.idle_since, start, stop, ready >= 0 ? target_began : -1});
+  m.marks.push_back({ready >= 0 ? ready : m.idle_since, start, stop, target_began});
   m.idle_since = stop;
 }
 
@@ -463,8 +469,7 @@ void run_drafter_role(const RoleContext& ctx) {
   const Schedule& sched = ctx.rank.schedule;
   const int rank = ctx.rank.id.rank;
   const int64_t j = sched.drafter_index(rank);
-  // under the load of the embeddings and the drafter (core/device.h)
-  device::WarmUp warm(p.device, [&p] { model::Drafter::warm_up_kernels(p.device, p.drafter_dtype); });
+  device::WarmUp warm = drafter_warm_up(p);  // under the load of the embeddings and the drafter
   DrafterTrainer trainer(ctx, j, rank);
   warm.wait();
   std::unique_ptr<EvalLeader> evl;
@@ -526,8 +531,7 @@ void run_colocated(const RoleContext& ctx) {
   lo.lm_head = false;
   lo = target_load_options(ctx, lo);  // with eval: the full model, shared with the eval (eval_hooks.h)
   const double load_began = now_s();
-  // under the load (core/device.h): the set-up, and the kernel modules, of the first step
-  device::WarmUp warm(p.device, [&p] { model::Drafter::warm_up_kernels(p.device, p.drafter_dtype); });
+  device::WarmUp warm = drafter_warm_up(p);  // under the load
   model::TargetModel target = model::TargetModel::load(ctx.cfg.target.model_dir, p.target_dtype, p.device, lo);
   warm.wait();
   ColocatedEval evc(ctx, target);  // before the trainer: its warm-up is not in the timed steps

@@ -11,7 +11,10 @@
 #   bench_random_target_and_data           WORK/qwen3-8b (Qwen3-8B-shaped random bf16 target) unless
 #       there already, and WORK/data/random-00000.dfshard (240 random documents of 3072 tokens)
 #   bench_long_data                        WORK/data-long/long-00000.dfshard: 8 random documents of
-#       40000 tokens (prompt 4000, mask 0), the long shape 1 x 40000 of issue 15
+#       40000 tokens (prompt 4000, mask 0), the long shape 1 x 40000 of issue 15; sets LONG_RUN, the
+#       dflash_rank arguments of a 3-step colocated run on it (the random target, 2048 anchors)
+#   bench_steady_s METRICS_JSONL           the mean interval_s of a run's steps 2.. (the steps after
+#       the first), printed as seconds; nothing if there are none
 
 bench_setup() {
   local name=$1 work_default=$2; shift 2
@@ -71,5 +74,19 @@ os.makedirs(out, exist_ok=True)
 rng = np.random.default_rng(1)
 docs = [(rng.integers(0, 151643, 40000), np.r_[np.zeros(4000, np.int64), np.ones(36000, np.int64)]) for _ in range(8)]
 dflash_shard.write_shard(os.path.join(out, "long-00000.dfshard"), docs, 151936)
+PYEOF
+  LONG_RUN=(--config configs/debug-2gpu.yaml layout.colocated=true target.model_dir="$WORK/qwen3-8b"
+            "data.shards=[$WORK/data-long]" train.max_steps=3 log.interval=1 checkpoint.state_every=0
+            checkpoint.export_every=0 comm.timeout_s=600 data.batch_tokens=40000 data.max_seq_len=40000
+            drafter.num_anchors=2048)
+}
+
+bench_steady_s() {
+  "$PY" - "$1" <<'PYEOF' 2>/dev/null
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+s = [r["interval_s"] for r in rows if r.get("step", 0) >= 2 and r.get("interval_s")]
+if s:
+    print(f"{sum(s) / len(s):.3f}")
 PYEOF
 }
