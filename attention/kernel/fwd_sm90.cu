@@ -59,7 +59,11 @@ __device__ __forceinline__ void wgmma_pv(float (&o)[D / 8][4], const uint32_t (&
   else wgmma_rs_n64_tb(o, a, db, 1);
 }
 
-template <int D>
+// QREG: S = Q K^T with Q as a register operand (loaded once per CTA with ldmatrix; +D/4
+// registers), so that each S product reads only K from shared memory: with 64-key tiles the
+// smem-operand form reads Q's 64 x 16 slice again for every 64 x 64 x 16 step, as many bytes as
+// K's (kernel/NOTES.md).
+template <int D, bool QREG>
 __global__ void __launch_bounds__(kWgThreads, 2) attn_fwd_wgmma_kernel(const AttnParams p) {
 #ifdef DFLASH_WGMMA
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -105,6 +109,7 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_fwd_wgmma_kernel(const Att
   for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
   float mA = -INFINITY, mB = -INFINITY, lA = 0.f, lB = 0.f;
   uint32_t pa[4][4];  // P(t-1), the A operand of the product in flight
+  uint32_t qa[QREG ? D / 16 : 1][4];  // QREG: Q's A fragments, k-steps 0 .. D/16-1
 
   for (int t = 0; t < ntiles; ++t) {
     const int buf = t & 1;
@@ -120,10 +125,18 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_fwd_wgmma_kernel(const Att
     const bool ctx = t < n1;
 
     float s[8][4];
+    if constexpr (QREG) {
+      if (t == 0) {  // Q has landed (the first wait above)
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks) load_a_w<kTileQ>(sQ, warp, ks, lane, qa[ks]);
+      }
+    }
     wg_fence();
 #pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks)
-      wgmma_ss_n64(s, desc_k<kTileQ>(sQ, ks), desc_k<kTileK>(sK, ks), ks > 0);
+    for (int ks = 0; ks < D / 16; ++ks) {
+      if constexpr (QREG) wgmma_rs_n64_kb(s, qa[ks], desc_k<kTileK>(sK, ks), ks > 0);
+      else wgmma_ss_n64(s, desc_k<kTileQ>(sQ, ks), desc_k<kTileK>(sK, ks), ks > 0);
+    }
     wg_commit();
     if (t > 0) {
       reg_fence(o);
@@ -230,11 +243,11 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_fwd_wgmma_kernel(const Att
 #endif
 }
 
-template <int D>
+template <int D, bool QREG>
 void run(const AttnParams& p, cudaStream_t s) {
   constexpr int smem = FwdWgSmem<D>::kBytes;
-  cudaFuncSetAttribute(attn_fwd_wgmma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  attn_fwd_wgmma_kernel<D><<<dim3(p.meta.nqt, p.Hq, p.B), kWgThreads, smem, s>>>(p);
+  cudaFuncSetAttribute(attn_fwd_wgmma_kernel<D, QREG>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  attn_fwd_wgmma_kernel<D, QREG><<<dim3(p.meta.nqt, p.Hq, p.B), kWgThreads, smem, s>>>(p);
   DFLASH_CHECK_LAUNCH("attention forward (wgmma)");
 }
 
@@ -394,10 +407,10 @@ void launch_dq_wgmma(const AttnParams& p, void* stream) {
 }
 
 
-void launch_fwd_wgmma(const AttnParams& p, void* stream) {
+void launch_fwd_wgmma(const AttnParams& p, bool q_in_registers, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
-  if (p.d == 128) run<128>(p, s);
-  else run<64>(p, s);
+  if (p.d == 128) q_in_registers ? run<128, true>(p, s) : run<128, false>(p, s);
+  else q_in_registers ? run<64, true>(p, s) : run<64, false>(p, s);
 }
 
 }  // namespace dflash::attention

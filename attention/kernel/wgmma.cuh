@@ -143,6 +143,24 @@ __device__ __forceinline__ void wgmma_rs_n64_tb(float (&d)[8][4], const uint32_t
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
 #endif
 }
+// D[64 x 64] (+)= A (registers, mma.sync A-fragment layout per warp) * B (smem, K-major).
+__device__ __forceinline__ void wgmma_rs_n64_kb(float (&d)[8][4], const uint32_t (&a)[4], uint64_t db, int acc) {
+#ifdef DFLASH_WGMMA
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+      : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+#endif
+}
+// A fragment (this warp's 16 rows x 16 k, mma.sync A layout) of k-step ks of an R-row wgmma tile
+// (swz_w layout): rows 16 * warp .. +15 of the warpgroup's 64.
+template <int R>
+__device__ __forceinline__ void load_a_w(uint32_t tile, int warp, int ks, int lane, uint32_t (&a)[4]) {
+  const int r = warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8;
+  const int c = ks * 2 + (lane >> 4);
+  ldsm_x4(tile + swz_w<R>(r, c), a[0], a[1], a[2], a[3]);
+}
 // D[64 x 128] (+)= A (smem, K-major) * B (smem, K-major); d has 16 n-tiles of 4 floats.
 __device__ __forceinline__ void wgmma_ss_n128(float (&d)[16][4], uint64_t da, uint64_t db, int acc) {
 #ifdef DFLASH_WGMMA

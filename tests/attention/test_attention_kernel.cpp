@@ -13,6 +13,8 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <utility>
 #include <random>
 #include <vector>
 
@@ -267,6 +269,41 @@ TEST_P(KernelVsReference, MatchesDenseFp32WithinTwiceSdpaError) {
   EXPECT_TRUE(at::equal(qa.grad(), kr.dq)) << c.name;
   EXPECT_TRUE(at::equal(ka.grad(), kr.dk)) << c.name;
   EXPECT_TRUE(at::equal(va.grad(), kr.dv)) << c.name;
+#endif
+}
+
+// The forward's S = Q K^T with Q from shared memory (variant 4) or as a register operand loaded
+// once per CTA (variant 5): the same bf16 operands into the same wgmma k-steps, so O and LSE must
+// be bit-identical; a wrong fragment layout or k-step shows up as a difference.
+TEST(KernelForwardVariants, QInRegistersEqualsQInSharedMemoryBitwise) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device or kernel not built";
+#if DFLASH_ATTENTION_KERNEL
+  for (const Case& c : {Case{"d128", 2, 8, 2, 40, 16, 700, 128, 2, true, 0.1, false},
+                        Case{"d64_unsorted", 1, 4, 2, 23, 16, 333, 64, 1, false, 0.1, false}}) {
+    std::mt19937 rng(99 + c.d);
+    at::manual_seed(7 + c.d);
+    const at::Device dev(at::kCUDA, 0);
+    const MaskSpec spec = make_spec(c, rng);
+    auto opt = at::TensorOptions().device(dev).dtype(at::kBFloat16);
+    const int64_t ql = (int64_t)c.N * c.bs, kl = c.C + ql;
+    auto q = at::randn({c.B, c.Hq, ql, c.d}, opt);
+    auto k = at::randn({c.B, c.Hkv, kl, c.d}, opt);
+    auto v = at::randn({c.B, c.Hkv, kl, c.d}, opt);
+    auto dout = at::randn({c.B, c.Hq, ql, c.d}, opt);
+    const Prepared prep = kernel_prepared(spec, dev);
+    auto run = [&](const char* variant) {
+      setenv("DFLASH_ATTN_FWD_VARIANT", variant, 1);
+      at::Tensor lse;
+      Grads g = kernel_raw(q, k, v, prep.kernel_meta, dout, &lse);
+      unsetenv("DFLASH_ATTN_FWD_VARIANT");
+      return std::make_pair(g.o, lse);
+    };
+    auto [o5, lse5] = run("5");
+    auto [o4, lse4] = run("4");
+    ASSERT_FALSE(has_nan(o5)) << c.name << ": NaN (or unwritten element) with Q in registers";
+    EXPECT_TRUE(at::equal(o5, o4)) << c.name << ": O, max diff " << (o5 - o4).abs().max().item<float>();
+    EXPECT_TRUE(at::equal(lse5, lse4)) << c.name << ": LSE";
+  }
 #endif
 }
 
