@@ -2,8 +2,8 @@
 # A/B of attention-kernel variants where they matter (issue 15), about 6 minutes on one H200:
 #   1. test_attention (every kernel test, the variant tests included);
 #   2. attention_bench --variants at both shapes: each stage's variants as raw launches;
-#   3. the target's capture forward (8 x 2048, 1 x 40000) and the drafter's full step (4 x 3072 and
-#      1 x 40000 only) with each forward variant of DFLASH_KAB_FWD (default "4 5");
+#   3. the target's capture forward (8 x 2048, 1 x 40000) and the drafter's full step (1 x 40000)
+#      with each forward variant of DFLASH_KAB_FWD (default "4 5");
 #   4. Nsight Compute on the forward variants and the dK/dV pass (long shape): tensor pipe and
 #      shared-memory throughput, warp stalls;
 #   5. bench/micro/red_bench.cu: fp32 global reductions (red.global.add) against plain stores in the
