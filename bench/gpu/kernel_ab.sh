@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # A/B of attention-kernel variants where they matter (issue 15), about 6 minutes on one H200:
-#   1. test_attention (every kernel test, the variant tests included);
-#   2. attention_bench --variants at both shapes: each stage's variants as raw launches;
-#   3. the target's capture forward (8 x 2048, 1 x 40000) and the drafter's full step (1 x 40000)
-#      with each forward variant of DFLASH_KAB_FWD (default "4 5");
-#   4. Nsight Compute on the forward variants and the dK/dV pass (long shape): tensor pipe and
-#      shared-memory throughput, warp stalls;
-#   5. bench/micro/red_bench.cu: fp32 global reductions (red.global.add) against plain stores in the
-#      pattern a dK/dV pass would add dQ partials with.
+#   1. test_attention with each configuration (every kernel test against fp32, the variant tests);
+#   2. fp32 global reductions (bench/micro/red_bench.cu) against plain stores, in the pattern the
+#      fused backward adds its dQ partials with;
+#   3. attention_bench: each stage's variants as raw launches (--variants), then the end-to-end
+#      table with each configuration;
+#   4. the target's capture forward (8 x 2048, 1 x 40000) and the drafter's full step (1 x 40000,
+#      4 x 3072) with each configuration;
+#   5. Nsight Compute (long shape) on the forward and the dK/dV pass of the configurations: tensor
+#      pipe and shared-memory throughput, warp stalls (DFLASH_KAB_NCU=0: skipped).
+# A configuration is NAME=VAR=VALUE[,VAR=VALUE...]; DFLASH_KAB_CONFIGS holds them, space-separated
+# (default: "base=DFLASH_ATTN_FWD_VARIANT=4 qreg=DFLASH_ATTN_FWD_VARIANT=5
+#            fused=DFLASH_ATTN_FWD_VARIANT=5,DFLASH_ATTN_DKV_VARIANT=4").
 #   bash bench/gpu/kernel_ab.sh BUILD_DIR OUT_DIR          (bash bench/gpu/run_all.sh kernel_ab)
 # targets: test_attention attention_bench target_bench drafter_bench
 set -uo pipefail
@@ -15,48 +19,72 @@ BUILD=${1:?BUILD_DIR}
 OUT=${2:?OUT_DIR}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/../.."
-VARS=${DFLASH_KAB_FWD:-4 5}
+CONFIGS=${DFLASH_KAB_CONFIGS:-base=DFLASH_ATTN_FWD_VARIANT=4 qreg=DFLASH_ATTN_FWD_VARIANT=5 fused=DFLASH_ATTN_FWD_VARIANT=5,DFLASH_ATTN_DKV_VARIANT=4}
 rc=0
+cfg_env() { echo "${1#*=}" | tr ',' ' '; }  # NAME=A=1,B=2 -> "A=1 B=2"
+cfg_name() { echo "${1%%=*}"; }
+
 echo "## test_attention"
-timeout 120 "$BUILD/tests/attention/test_attention" > "$OUT/test_attention.txt" 2>&1 || { rc=1; echo "FAILED: test_attention"; }
-grep -E '^\[ *(OK|FAILED|PASSED|SKIPPED) |Failure|Expected|Which is' "$OUT/test_attention.txt" | head -50
+for c in $CONFIGS; do
+  n=$(cfg_name "$c")
+  # shellcheck disable=SC2046
+  env $(cfg_env "$c") timeout 120 "$BUILD/tests/attention/test_attention" > "$OUT/test_attention_$n.txt" 2>&1 ||
+    { rc=1; echo "FAILED: test_attention ($n)"; }
+  echo "--- $n: $(grep -E '^\[ *(PASSED|FAILED) ' "$OUT/test_attention_$n.txt" | tr '\n' ' ')"
+  grep -E '^\[ *FAILED |Failure|Expected|Which is|fused vs split' "$OUT/test_attention_$n.txt" | head -20
+done
+grep -E "larger_gqa4\] (O|dQ|dK|dV):" "$OUT"/test_attention_*.txt
 
 echo "## micro: fp32 reductions"
 if nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a bench/micro/red_bench.cu -o /tmp/red_bench > "$OUT/red_build.txt" 2>&1; then
   timeout 60 /tmp/red_bench 2>&1 | tee "$OUT/red_bench.txt" || rc=1
 else cat "$OUT/red_build.txt"; rc=1; fi
 
-echo "## attention_bench --variants"
+echo "## attention_bench"
 for s in long train; do
   timeout 90 "$BUILD/bench/attention_bench" --only $s --no-sdpa --variants --iters 7 > "$OUT/variants_$s.txt" 2>&1 || rc=1
-  grep -E "variant|pass|fwd\+bwd|^\| $s" "$OUT/variants_$s.txt"
+  grep -E "variant|delta" "$OUT/variants_$s.txt"
+done
+for c in $CONFIGS; do
+  n=$(cfg_name "$c")
+  # shellcheck disable=SC2046
+  env $(cfg_env "$c") timeout 90 "$BUILD/bench/attention_bench" --no-sdpa --iters 10 > "$OUT/attention_$n.txt" 2>&1 || rc=1
+  echo "--- $n"; grep -E "^\| (long|train) \| kernel" "$OUT/attention_$n.txt"
 done
 
-echo "## target capture forward and drafter step, forward variants: $VARS"
-for v in $VARS; do
-  DFLASH_ATTN_FWD_VARIANT=$v timeout 120 "$BUILD/bench/target_bench" forward --shapes 8x2048,1x40000 --iters 4 \
-    > "$OUT/target_v$v.txt" 2>&1 || rc=1
-  echo "target, fwd variant $v:"; grep "^|" "$OUT/target_v$v.txt" | head -6
-done
-for v in $VARS; do
-  DFLASH_ATTN_FWD_VARIANT=$v timeout 120 "$BUILD/bench/drafter_bench" --seq 40000 --rows 1 --anchors 2048 --attention kernel \
-    --optimizer --iters 3 --warmup 1 > "$OUT/drafter_long_v$v.txt" 2>&1 || rc=1
-  echo "drafter, fwd variant $v:"; grep -h "^| [0-9]" "$OUT/drafter_long_v$v.txt"
+echo "## target capture forward and drafter full step"
+for c in $CONFIGS; do
+  n=$(cfg_name "$c")
+  # shellcheck disable=SC2046
+  env $(cfg_env "$c") timeout 120 "$BUILD/bench/target_bench" forward --shapes 8x2048,1x40000 --iters 4 \
+    > "$OUT/target_$n.txt" 2>&1 || rc=1
+  echo "--- target, $n:"; grep "^|" "$OUT/target_$n.txt" | head -6
+  # shellcheck disable=SC2046
+  env $(cfg_env "$c") timeout 120 "$BUILD/bench/drafter_bench" --seq 40000 --rows 1 --anchors 2048 --attention kernel \
+    --optimizer --iters 3 --warmup 1 > "$OUT/drafter_long_$n.txt" 2>&1 || rc=1
+  # shellcheck disable=SC2046
+  env $(cfg_env "$c") timeout 120 "$BUILD/bench/drafter_bench" --seq 3072 --rows 4 --anchors 512 --attention kernel \
+    --optimizer --iters 5 --warmup 2 > "$OUT/drafter_train_$n.txt" 2>&1 || rc=1
+  echo "--- drafter, $n:"; grep -h "^| [0-9]" "$OUT/drafter_long_$n.txt" "$OUT/drafter_train_$n.txt"
 done
 
-echo "## ncu (long shape)"
-NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-if [ -n "$NCU" ]; then
-  prof() {  # NAME KERNEL_REGEX ENV...
-    local name=$1 k=$2; shift 2
-    env "$@" timeout 120 "$NCU" --clock-control none --kernel-name "regex:$k" --launch-skip 1 --launch-count 1 \
-      --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
-      --section MemoryWorkloadAnalysis_Tables --section WarpStateStats --section SchedulerStats \
-      "$BUILD/bench/attention_bench" --only long --no-sdpa --iters 1 > "$OUT/ncu_$name.txt" 2>&1 || rc=1
-    echo "--- $name"
-    grep -E "Duration|SM Busy|Throughput|Issue Slots|Eligible|Shared|Bank|Stall (Long|Short|Wait|Barrier|MIO|Math|Not Sel|Dispatch)|Pipe" "$OUT/ncu_$name.txt" | head -40
-  }
-  for v in $VARS; do prof fwd_v$v "attn_fwd_wgmma.*" DFLASH_ATTN_FWD_VARIANT=$v; done
-  prof dkv "attn_bwd_dkv_wgmma.*"
-else echo "no ncu"; fi
+if [ "${DFLASH_KAB_NCU:-1}" = 1 ]; then
+  echo "## ncu (long shape)"
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  if [ -n "$NCU" ]; then
+    prof() {  # NAME KERNEL_REGEX ENV...
+      local name=$1 k=$2; shift 2
+      env "$@" timeout 120 "$NCU" --clock-control none --kernel-name "regex:$k" --launch-skip 1 --launch-count 1 \
+        --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+        --section MemoryWorkloadAnalysis_Tables --section WarpStateStats --section SchedulerStats \
+        "$BUILD/bench/attention_bench" --only long --no-sdpa --iters 1 > "$OUT/ncu_$name.txt" 2>&1 || rc=1
+      echo "--- $name"
+      grep -E "Duration|SM Busy|Throughput|Issue Slots|Eligible|Shared|Bank|Stall (Long|Short|Wait|Barrier|MIO|Math|Not Sel|Dispatch)|Pipe" "$OUT/ncu_$name.txt" | head -40
+    }
+    prof fwd_v4 "attn_fwd_wgmma.*" DFLASH_ATTN_FWD_VARIANT=4
+    prof fwd_v5 "attn_fwd_wgmma.*" DFLASH_ATTN_FWD_VARIANT=5
+    prof dkv "attn_bwd_dkv_wgmma.*"
+    prof dkv_fused "attn_bwd_dkv_wgmma.*" DFLASH_ATTN_DKV_VARIANT=4
+  else echo "no ncu"; fi
+fi
 exit $rc
