@@ -3,15 +3,16 @@
 #   1. test_attention with each configuration (every kernel test against fp32, the variant tests);
 #   2. fp32 global reductions (bench/micro/red_bench.cu) against plain stores, in the pattern the
 #      fused backward adds its dQ partials with;
-#   3. attention_bench: each stage's variants as raw launches (--variants), then the end-to-end
-#      table with each configuration;
-#   4. the target's capture forward (8 x 2048, 1 x 40000) and the drafter's full step (1 x 40000,
-#      4 x 3072) with each configuration;
+#   3. attention_bench: each stage's variants as raw launches (--variants, long shape), then the
+#      end-to-end table (both shapes) with each configuration;
+#   4. the target's capture forward (8 x 2048, 1 x 40000) and the drafter's full step (1 x 40000)
+#      with each configuration;
 #   5. Nsight Compute (long shape) on the forward and the dK/dV pass of the configurations: tensor
 #      pipe and shared-memory throughput, warp stalls (DFLASH_KAB_NCU=0: skipped).
 # A configuration is NAME=VAR=VALUE[,VAR=VALUE...]; DFLASH_KAB_CONFIGS holds them, space-separated
-# (default: "base=DFLASH_ATTN_FWD_VARIANT=4 qreg=DFLASH_ATTN_FWD_VARIANT=5
-#            fused=DFLASH_ATTN_FWD_VARIANT=5,DFLASH_ATTN_DKV_VARIANT=4").
+# (default: "base=DFLASH_ATTN_FWD_VARIANT=4 qreg=DFLASH_ATTN_FWD_VARIANT=5 mc=DFLASH_ATTN_FWD_VARIANT=6
+#            fused=DFLASH_ATTN_DKV_VARIANT=4"). Parts 3-5 stop starting after DFLASH_KAB_BUDGET_S
+# seconds (default 420) so that a device call's limit leaves time to bring the logs back.
 #   bash bench/gpu/kernel_ab.sh BUILD_DIR OUT_DIR          (bash bench/gpu/run_all.sh kernel_ab)
 # targets: test_attention attention_bench target_bench drafter_bench
 set -uo pipefail
@@ -19,7 +20,9 @@ BUILD=${1:?BUILD_DIR}
 OUT=${2:?OUT_DIR}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/../.."
-CONFIGS=${DFLASH_KAB_CONFIGS:-base=DFLASH_ATTN_FWD_VARIANT=4 qreg=DFLASH_ATTN_FWD_VARIANT=5 fused=DFLASH_ATTN_FWD_VARIANT=5,DFLASH_ATTN_DKV_VARIANT=4}
+CONFIGS=${DFLASH_KAB_CONFIGS:-base=DFLASH_ATTN_FWD_VARIANT=4 qreg=DFLASH_ATTN_FWD_VARIANT=5 mc=DFLASH_ATTN_FWD_VARIANT=6 fused=DFLASH_ATTN_DKV_VARIANT=4}
+T0=$(date +%s)
+in_budget() { [ $(( $(date +%s) - T0 )) -lt "${DFLASH_KAB_BUDGET_S:-420}" ] || { echo "(budget spent: $1 skipped)"; return 1; }; }
 rc=0
 cfg_env() { echo "${1#*=}" | tr ',' ' '; }  # NAME=A=1,B=2 -> "A=1 B=2"
 cfg_name() { echo "${1%%=*}"; }
@@ -28,7 +31,7 @@ echo "## test_attention"
 for c in $CONFIGS; do
   n=$(cfg_name "$c")
   # shellcheck disable=SC2046
-  env $(cfg_env "$c") timeout 120 "$BUILD/tests/attention/test_attention" > "$OUT/test_attention_$n.txt" 2>&1 ||
+  env $(cfg_env "$c") timeout 60 "$BUILD/tests/attention/test_attention" > "$OUT/test_attention_$n.txt" 2>&1 ||
     { rc=1; echo "FAILED: test_attention ($n)"; }
   echo "--- $n: $(grep -E '^\[ *(PASSED|FAILED) ' "$OUT/test_attention_$n.txt" | tr '\n' ' ')"
   grep -E '^\[ *FAILED |Failure|Expected|Which is|fused vs split' "$OUT/test_attention_$n.txt" | head -20
@@ -41,12 +44,11 @@ if nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a bench/micro/red_ben
 else cat "$OUT/red_build.txt"; rc=1; fi
 
 echo "## attention_bench"
-for s in long train; do
-  timeout 90 "$BUILD/bench/attention_bench" --only $s --no-sdpa --variants --iters 7 > "$OUT/variants_$s.txt" 2>&1 || rc=1
-  grep -E "variant|delta" "$OUT/variants_$s.txt"
-done
+timeout 90 "$BUILD/bench/attention_bench" --only long --no-sdpa --variants --iters 7 > "$OUT/variants_long.txt" 2>&1 || rc=1
+grep -E "variant|delta" "$OUT/variants_long.txt"
 for c in $CONFIGS; do
   n=$(cfg_name "$c")
+  in_budget "attention_bench $n" || break
   # shellcheck disable=SC2046
   env $(cfg_env "$c") timeout 90 "$BUILD/bench/attention_bench" --no-sdpa --iters 10 > "$OUT/attention_$n.txt" 2>&1 || rc=1
   echo "--- $n"; grep -E "^\| (long|train) \| kernel" "$OUT/attention_$n.txt"
@@ -55,6 +57,7 @@ done
 echo "## target capture forward and drafter full step"
 for c in $CONFIGS; do
   n=$(cfg_name "$c")
+  in_budget "target and drafter $n" || break
   # shellcheck disable=SC2046
   env $(cfg_env "$c") timeout 120 "$BUILD/bench/target_bench" forward --shapes 8x2048,1x40000 --iters 4 \
     > "$OUT/target_$n.txt" 2>&1 || rc=1
@@ -62,10 +65,7 @@ for c in $CONFIGS; do
   # shellcheck disable=SC2046
   env $(cfg_env "$c") timeout 120 "$BUILD/bench/drafter_bench" --seq 40000 --rows 1 --anchors 2048 --attention kernel \
     --optimizer --iters 3 --warmup 1 > "$OUT/drafter_long_$n.txt" 2>&1 || rc=1
-  # shellcheck disable=SC2046
-  env $(cfg_env "$c") timeout 120 "$BUILD/bench/drafter_bench" --seq 3072 --rows 4 --anchors 512 --attention kernel \
-    --optimizer --iters 5 --warmup 2 > "$OUT/drafter_train_$n.txt" 2>&1 || rc=1
-  echo "--- drafter, $n:"; grep -h "^| [0-9]" "$OUT/drafter_long_$n.txt" "$OUT/drafter_train_$n.txt"
+  echo "--- drafter, $n:"; grep -h "^| [0-9]" "$OUT/drafter_long_$n.txt"
 done
 
 if [ "${DFLASH_KAB_NCU:-1}" = 1 ]; then
@@ -74,6 +74,7 @@ if [ "${DFLASH_KAB_NCU:-1}" = 1 ]; then
   if [ -n "$NCU" ]; then
     prof() {  # NAME KERNEL_REGEX ENV...
       local name=$1 k=$2; shift 2
+      in_budget "ncu $name" || return 0
       env "$@" timeout 120 "$NCU" --clock-control none --kernel-name "regex:$k" --launch-skip 1 --launch-count 1 \
         --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
         --section MemoryWorkloadAnalysis_Tables --section WarpStateStats --section SchedulerStats \
@@ -81,8 +82,8 @@ if [ "${DFLASH_KAB_NCU:-1}" = 1 ]; then
       echo "--- $name"
       grep -E "Duration|SM Busy|Throughput|Issue Slots|Eligible|Shared|Bank|Stall (Long|Short|Wait|Barrier|MIO|Math|Not Sel|Dispatch)|Pipe" "$OUT/ncu_$name.txt" | head -40
     }
-    prof fwd_v4 "attn_fwd_wgmma.*" DFLASH_ATTN_FWD_VARIANT=4
     prof fwd_v5 "attn_fwd_wgmma.*" DFLASH_ATTN_FWD_VARIANT=5
+    prof fwd_v6 "attn_fwd_wgmma.*" DFLASH_ATTN_FWD_VARIANT=6
     prof dkv "attn_bwd_dkv_wgmma.*"
     prof dkv_fused "attn_bwd_dkv_wgmma.*" DFLASH_ATTN_DKV_VARIANT=4
   else echo "no ncu"; fi

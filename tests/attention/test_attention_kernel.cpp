@@ -281,8 +281,9 @@ TEST_P(KernelVsReference, MatchesDenseFp32WithinTwiceSdpaError) {
 }
 
 // The forward's S = Q K^T with Q from shared memory (variant 4) or as a register operand loaded
-// once per CTA (variant 5): the same bf16 operands into the same wgmma k-steps, so O and LSE must
-// be bit-identical; a wrong fragment layout or k-step shows up as a difference.
+// once per CTA (variant 5), and 5 with K/V tiles by TMA multicast (6): the same bf16 operands into
+// the same wgmma k-steps, so O and LSE must be bit-identical; a wrong fragment layout, k-step,
+// swizzle or tile shows up as a difference (kv_len 1340 and 701: partial last tiles).
 TEST(KernelForwardVariants, QInRegistersEqualsQInSharedMemoryBitwise) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device or kernel not built";
 #if DFLASH_ATTENTION_KERNEL
@@ -307,10 +308,15 @@ TEST(KernelForwardVariants, QInRegistersEqualsQInSharedMemoryBitwise) {
       return std::make_pair(g.o, lse);
     };
     auto [o5, lse5] = run("5");
+    auto [o6, lse6] = run("6");
     auto [o4, lse4] = run("4");
     ASSERT_FALSE(has_nan(o5)) << c.name << ": NaN (or unwritten element) with Q in registers";
     EXPECT_TRUE(at::equal(o5, o4)) << c.name << ": O, max diff " << (o5 - o4).abs().max().item<float>();
     EXPECT_TRUE(at::equal(lse5, lse4)) << c.name << ": LSE";
+    // 6: the same products with K/V tiles loaded by TMA and multicast within a pair of heads
+    ASSERT_FALSE(has_nan(o6)) << c.name << ": NaN (or unwritten element) with multicast K/V";
+    EXPECT_TRUE(at::equal(o6, o4)) << c.name << ": O (multicast), max diff " << (o6 - o4).abs().max().item<float>();
+    EXPECT_TRUE(at::equal(lse6, lse4)) << c.name << ": LSE (multicast)";
   }
 #endif
 }
