@@ -63,9 +63,6 @@ struct AttnParams {
   void* dq = nullptr;          // bf16 [B, Hq, q_len, d]
   void* dk = nullptr;          // bf16 [B, Hkv, kv_len, d]
   void* dv = nullptr;          // bf16 [B, Hkv, kv_len, d]
-  // fp32 [B, Hq, nqt * 64, d] contiguous, dq_accum_numel() elements: needed (and zeroed by the
-  // backward) only when backward_accumulates_dq(); the fused backward adds dQ into it.
-  float* dq_accum = nullptr;
   int64_t q_sb = 0, q_sh = 0, q_sr = 0;
   int64_t k_sb = 0, k_sh = 0, k_sr = 0;
   int64_t v_sb = 0, v_sh = 0, v_sr = 0;
@@ -113,10 +110,6 @@ void launch_attn_bwd(const AttnParams& p, void* stream);  // delta, then dQ, the
 // chosen with DFLASH_ATTN_FWD_VARIANT / DFLASH_ATTN_DQ_VARIANT / DFLASH_ATTN_DKV_VARIANT
 // (benchmarks only; the defaults are the measured best, see attention/kernel/NOTES.md).
 void launch_attn_bwd_stage(const AttnParams& p, int stage, void* stream);
-// Whether the backward on the current device is the fused one (dQ accumulated in the dK/dV pass
-// in fp32, AttnParams::dq_accum of dq_accum_numel() floats needed), not the split one.
-bool backward_accumulates_dq();
-int64_t dq_accum_numel(int64_t B, int64_t Hq, int64_t q_len, int64_t d);
 
 }  // namespace dflash::attention
 

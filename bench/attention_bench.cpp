@@ -144,7 +144,7 @@ void time_variants(const Shape& s, const Prepared& prep, const at::Tensor& q, co
   unsetenv("DFLASH_ATTN_FWD_VARIANT");
   const double dl = median_ms([&] { launch_attn_bwd_stage(p, 0, stream); }, iters);
   std::printf("[%s] bwd delta: %.3f ms\n", s.name.c_str(), dl);
-  for (const char* var : {"1", "2", "3", "4"}) {
+  for (const char* var : {"1", "2", "3", "4", "5"}) {
     setenv("DFLASH_ATTN_DQ_VARIANT", var, 1);
     const double ms = median_ms([&] { launch_attn_bwd_stage(p, 1, stream); }, iters);
     std::printf("[%s] bwd dQ variant %s: %.2f ms, %.0f TFLOP/s raw (3 matmuls)\n", s.name.c_str(), var,
@@ -156,18 +156,6 @@ void time_variants(const Shape& s, const Prepared& prep, const at::Tensor& q, co
     const double ms = median_ms([&] { launch_attn_bwd_stage(p, 2, stream); }, iters);
     std::printf("[%s] bwd dK/dV variant %s: %.2f ms, %.0f TFLOP/s raw (4 matmuls)\n", s.name.c_str(),
                 var, ms, 4 * unit / ms * 1e-9);
-  }
-  // 4: the fused backward's dK/dV pass, which adds dQ into an fp32 buffer, and dQ's conversion
-  // (its zeroing belongs to stage 0 there); no dQ pass.
-  setenv("DFLASH_ATTN_DKV_VARIANT", "4", 1);
-  if (backward_accumulates_dq()) {
-    auto acc = at::zeros({dq_accum_numel(p.B, p.Hq, p.q_len, p.d)}, q.options().dtype(at::kFloat));
-    p.dq_accum = acc.data_ptr<float>();
-    const double ms = median_ms([&] { launch_attn_bwd_stage(p, 2, stream); }, iters);
-    const double all = median_ms([&] { launch_attn_bwd(p, stream); }, iters);
-    std::printf("[%s] bwd dK/dV+dQ variant 4 (fused): %.2f ms, %.0f TFLOP/s raw (5 matmuls); whole backward %.2f ms\n",
-                s.name.c_str(), ms, 5 * unit / ms * 1e-9, all);
-    p.dq_accum = nullptr;
   }
   unsetenv("DFLASH_ATTN_DKV_VARIANT");
   std::fflush(stdout);

@@ -1,5 +1,5 @@
-// Backward kernels of the block-sparse DFlash attention. Split (deterministic, no atomics), three
-// launches:
+// Backward kernels of the block-sparse DFlash attention. Three launches, all deterministic
+// (no atomics):
 //   1. delta = rowsum(dO * O) (fp32), one group of d/8 lanes per query row;
 //   2. dQ: like the forward, one CTA per 64-row query tile walking the same key tiles, P
 //      recomputed from the saved LSE, dQ = scale * sum_tiles (P * (dO V^T - delta)) K;
@@ -8,8 +8,6 @@
 //      computing S^T = K Q^T and dP^T = V dO^T, then dV += P^T dO and dK += dS^T Q.
 // dQ recomputes S and dP (7 matmuls per visible tile pair instead of 5 with atomics) in
 // exchange for determinism and no fp32 accumulation buffer.
-// Fused (Hopper only, DFLASH_ATTN_DKV_VARIANT=4): delta and a zeroed fp32 dQ buffer, the dK/dV
-// pass adding dS K into it with global reductions (bwd_sm90.cu), then dQ = scale * buffer in bf16.
 #include <cuda_runtime.h>
 
 #include <cstdlib>
@@ -23,8 +21,8 @@
 namespace dflash::attention {
 
 bool wgmma_supported();                                   // bwd_sm90.cu
-void launch_dkv_wgmma(const AttnParams& p, bool with_dq, void* stream);  // bwd_sm90.cu
-void launch_dq_wgmma(const AttnParams& p, void* stream);   // fwd_sm90.cu
+void launch_dkv_wgmma(const AttnParams& p, void* stream);  // bwd_sm90.cu
+void launch_dq_wgmma(const AttnParams& p, bool q_in_registers, void* stream);  // fwd_sm90.cu
 
 namespace {
 
@@ -34,41 +32,18 @@ using namespace dev;
 constexpr int kThreads = 128;
 
 // Tile variant of the dQ kernel, for benchmarking (DFLASH_ATTN_DQ_VARIANT = 1: 16 rows/warp x
-// 64 keys, 2: 32 rows/warp x 16 keys, 3: 32 rows/warp x 32 keys, 4 (default): Hopper wgmma
-// (fwd_sm90.cu; falls back to 3 where unavailable)). Read at each launch (getenv is cheap next to a launch).
+// 64 keys, 2: 32 rows/warp x 16 keys, 3: 32 rows/warp x 32 keys, 4 (default): Hopper wgmma, 5:
+// Hopper wgmma with Q as a register operand of S (fwd_sm90.cu; 4 and 5 fall back to 3 where
+// wgmma is unavailable)). Read at each launch (getenv is cheap next to a launch).
 int dq_variant() {
   const char* e = std::getenv("DFLASH_ATTN_DQ_VARIANT");
   return e ? std::atoi(e) : 4;
 }
 // dK/dV kernel variant (DFLASH_ATTN_DKV_VARIANT = 1: 4 warps x 16 keys, 2: 8 warps,
-// 3 (default): Hopper wgmma (bwd_sm90.cu; falls back to 1 where unavailable), 4: Hopper wgmma
-// with dQ accumulated in the same pass (no dQ pass; falls back to 1 where unavailable)).
+// 3 (default): Hopper wgmma (bwd_sm90.cu; falls back to 1 where unavailable)).
 int dkv_variant() {
   const char* e = std::getenv("DFLASH_ATTN_DKV_VARIANT");
   return e ? std::atoi(e) : 3;
-}
-bool fused_dq() { return dkv_variant() == 4 && wgmma_supported(); }
-
-// dq = scale * acc (fp32 [B, Hq, nqt * 64, D]) in bf16, 8 elements per thread.
-template <int D>
-__global__ void dq_from_accum_kernel(const AttnParams p) {
-  constexpr int L = D / 8;
-  const int64_t gid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  const int64_t row = gid / L;  // over B * Hq * q_len
-  if (row >= (int64_t)p.B * p.Hq * p.q_len) return;
-  const int c = (int)(gid % L) * 8;
-  const int r = (int)(row % p.q_len);
-  const int64_t bh = row / p.q_len;
-  const int b = (int)(bh / p.Hq), h = (int)(bh % p.Hq);
-  const float4* a = reinterpret_cast<const float4*>(p.dq_accum + (bh * p.meta.nqt * kTileQ + r) * D + c);
-  const float4 x = a[0], y = a[1];
-  const float sc = p.scale;
-  uint4 out;
-  out.x = pack_bf16(x.x * sc, x.y * sc);
-  out.y = pack_bf16(x.z * sc, x.w * sc);
-  out.z = pack_bf16(y.x * sc, y.y * sc);
-  out.w = pack_bf16(y.z * sc, y.w * sc);
-  *reinterpret_cast<uint4*>(static_cast<bf16*>(p.dq) + b * p.dq_sb + h * p.dq_sh + (int64_t)r * p.dq_sr + c) = out;
 }
 
 
@@ -490,37 +465,26 @@ void run_dkv(const AttnParams& p, cudaStream_t s) {
 
 template <int D>
 void run_bwd(const AttnParams& p, cudaStream_t s, int stage) {
-  const bool fused = fused_dq();
-  const int64_t rows = (int64_t)p.B * p.Hq * p.q_len;
-  const int64_t threads = rows * (D / 8);
-  if (fused && p.dq_accum == nullptr)
-    throw std::runtime_error("dflash attention kernel: the fused backward needs AttnParams::dq_accum");
   if (stage < 0 || stage == 0) {
+    const int64_t rows = (int64_t)p.B * p.Hq * p.q_len;
+    const int64_t threads = rows * (D / 8);
     delta_kernel<D><<<(unsigned)((threads + 255) / 256), 256, 0, s>>>(p);
     DFLASH_CHECK_LAUNCH("attention backward delta");
-    if (fused) {
-      const cudaError_t e = cudaMemsetAsync(p.dq_accum, 0, dq_accum_numel(p.B, p.Hq, p.q_len, D) * sizeof(float), s);
-      if (e != cudaSuccess) throw std::runtime_error(std::string("dflash attention kernel: zeroing dq_accum: ") + cudaGetErrorString(e));
-    }
   }
-  if ((stage < 0 || stage == 1) && !fused) {
+  if (stage < 0 || stage == 1) {
     switch (dq_variant()) {
       case 1: run_dq<D, 1, 64>(p, s); break;
       case 2: run_dq<D, 2, 16>(p, s); break;
       case 3: run_dq<D, 2, 32>(p, s); break;
       default:
-        if (wgmma_supported()) launch_dq_wgmma(p, s);
+        if (wgmma_supported()) launch_dq_wgmma(p, dq_variant() == 5, s);
         else run_dq<D, 2, 32>(p, s);
         break;
     }
   }
   if (stage < 0 || stage == 2) {
     const int var = dkv_variant();
-    if (fused) {
-      launch_dkv_wgmma(p, true, s);
-      dq_from_accum_kernel<D><<<(unsigned)((threads + 255) / 256), 256, 0, s>>>(p);
-      DFLASH_CHECK_LAUNCH("attention backward dq from accum");
-    } else if (var == 3 && wgmma_supported()) launch_dkv_wgmma(p, false, s);
+    if (var == 3 && wgmma_supported()) launch_dkv_wgmma(p, s);
     else if (var == 2) run_dkv<D, 8>(p, s);
     else run_dkv<D, 4>(p, s);
   }
@@ -536,11 +500,5 @@ void launch_attn_bwd_stage(const AttnParams& p, int stage, void* stream) {
 }
 
 void launch_attn_bwd(const AttnParams& p, void* stream) { launch_attn_bwd_stage(p, -1, stream); }
-
-bool backward_accumulates_dq() { return fused_dq(); }
-
-int64_t dq_accum_numel(int64_t B, int64_t Hq, int64_t q_len, int64_t d) {
-  return B * Hq * ((q_len + kTileQ - 1) / kTileQ) * kTileQ * d;
-}
 
 }  // namespace dflash::attention

@@ -30,13 +30,12 @@ using namespace dev;
 constexpr int kWgThreads = 128;
 
 
-template <int D, bool DQ>
+template <int D>
 struct DkvWgSmem {
   static constexpr int kTile = kTileQ * D * 2;  // Q, dO, K or V tile (64 rows)
   static constexpr int kStage = 2 * kTile + kTileQ * 16 + 2 * kTileQ * 4;
   static constexpr int kStageAligned = (kStage + 1023) / 1024 * 1024;
-  static constexpr int kDs = DQ ? kTileK * kTileQ * 2 : 0;  // dS^T [64 keys][64 rows] bf16 (DQ)
-  static constexpr int kBytes = 1024 + 2 * kTile + 2 * kStageAligned + kDs;  // +1024: base alignment
+  static constexpr int kBytes = 1024 + 2 * kTile + 2 * kStageAligned;  // +1024: base alignment
 };
 
 // dpt/dk fragments: wgmma's accumulator layout per warp equals mma.sync's C layout over n-tiles.
@@ -47,20 +46,10 @@ __device__ __forceinline__ void wgmma_dkv(float (&d)[D / 8][4], const uint32_t (
 }
 
 template <int D>
-__device__ __forceinline__ void wgmma_dq(float (&d)[D / 8][4], uint64_t da, uint64_t db, int acc) {
-  if constexpr (D == 128) wgmma_ss_n128_tt(d, da, db, acc);
-  else wgmma_ss_n64_tt(d, da, db, acc);
-}
-
-// DQ: the pass also computes dQ(i) = dS(i) K for each item and adds it into p.dq_accum (fp32
-// [B, Hq, nqt * 64, d], zeroed before) with global reductions: dS^T goes to shared memory as
-// bf16 (the A operand of dS K, MN-major), and no dQ pass runs. 5 matmuls per visible pair
-// instead of 7; the sum's order (and so its last bits) varies from run to run.
-template <int D, bool DQ>
 __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dkv_wgmma_kernel(const AttnParams p) {
 #ifdef DFLASH_WGMMA
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  using S = DkvWgSmem<D, DQ>;
+  using S = DkvWgSmem<D>;
   const uint32_t raw = smem_u32(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
   unsigned char* gbase = smem_raw + (base - raw);
@@ -88,7 +77,6 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dkv_wgmma_kernel(const
   };
 
   const uint32_t sK = base, sV = base + S::kTile, sStage0 = base + 2 * S::kTile;
-  const uint32_t sDs = sStage0 + 2 * S::kStageAligned;  // DQ only
   unsigned char* stage_ptr0 = gbase + 2 * S::kTile;
 
   auto load_item = [&](int i, int buf) {
@@ -221,42 +209,13 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dkv_wgmma_kernel(const
     }
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) acc_to_a(dpt[2 * kk], dpt[2 * kk + 1], da[kk]);
-    float dq[DQ ? D / 8 : 1][4];
-    if constexpr (DQ) {
-      // dS^T rows (keys) 16 * warp + g (+8), columns (query rows) 16kk + 2t4 (+8): 4-byte stores
-      // into the swizzled [64][64] tile; 8 rows x 4 words per instruction hit 32 distinct banks.
-      const int ra = warp * 16 + g, rb = ra + 8;
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) {
-        asm volatile("st.shared.b32 [%0], %1;" ::"r"(sDs + swz_w<kTileK>(ra, 2 * kk) + 4 * t4), "r"(da[kk][0]));
-        asm volatile("st.shared.b32 [%0], %1;" ::"r"(sDs + swz_w<kTileK>(rb, 2 * kk) + 4 * t4), "r"(da[kk][1]));
-        asm volatile("st.shared.b32 [%0], %1;" ::"r"(sDs + swz_w<kTileK>(ra, 2 * kk + 1) + 4 * t4), "r"(da[kk][2]));
-        asm volatile("st.shared.b32 [%0], %1;" ::"r"(sDs + swz_w<kTileK>(rb, 2 * kk + 1) + 4 * t4), "r"(da[kk][3]));
-      }
-      fence_proxy_async();
-      __syncthreads();  // the whole dS^T tile is in shared memory, visible to the tensor cores
-      wg_fence();
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) wgmma_dq<D>(dq, desc_mn<kTileK>(sDs, kk), desc_mn<kTileK>(sK, kk), kk > 0);
-      wg_commit();
-    }
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) wgmma_dkv<D>(dk, da[kk], desc_mn<kTileQ>(sQ, kk));
     wg_commit();
-    wg_wait<1>();  // dV(i) (and dQ(i)) done (pa free); dK(i) runs on under the next item's S^T, dP^T
+    wg_wait<1>();  // dV(i) done (pa free); dK(i) runs on under the next item's S^T, dP^T
     reg_fence(dv);
     reg_fence_a(pa);
-    if constexpr (DQ) {
-      reg_fence(dq);
-      const int qt = kr.x + item / G, h = hk * G + item % G;
-      float* acc = p.dq_accum + (((int64_t)b * p.Hq + h) * nqt * kTileQ + qt * kTileQ + warp * 16 + g) * D + 2 * t4;
-#pragma unroll
-      for (int j = 0; j < D / 8; ++j) {
-        asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(acc + 8 * j), "f"(dq[j][0]), "f"(dq[j][1]) : "memory");
-        asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"(acc + 8 * D + 8 * j), "f"(dq[j][2]), "f"(dq[j][3]) : "memory");
-      }
-    }
     item = nxt;
     buf ^= 1;
   }
@@ -284,12 +243,12 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dkv_wgmma_kernel(const
 #endif
 }
 
-template <int D, bool DQ>
+template <int D>
 void run(const AttnParams& p, cudaStream_t s) {
-  constexpr int smem = DkvWgSmem<D, DQ>::kBytes;
-  cudaFuncSetAttribute(attn_bwd_dkv_wgmma_kernel<D, DQ>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  attn_bwd_dkv_wgmma_kernel<D, DQ><<<dim3(p.meta.nkt, p.Hkv, p.B), kWgThreads, smem, s>>>(p);
-  DFLASH_CHECK_LAUNCH(DQ ? "attention backward dkv+dq (wgmma)" : "attention backward dkv (wgmma)");
+  constexpr int smem = DkvWgSmem<D>::kBytes;
+  cudaFuncSetAttribute(attn_bwd_dkv_wgmma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  attn_bwd_dkv_wgmma_kernel<D><<<dim3(p.meta.nkt, p.Hkv, p.B), kWgThreads, smem, s>>>(p);
+  DFLASH_CHECK_LAUNCH("attention backward dkv (wgmma)");
 }
 
 }  // namespace
@@ -325,10 +284,10 @@ bool wgmma_supported() {
   return ok;
 }
 
-void launch_dkv_wgmma(const AttnParams& p, bool with_dq, void* stream) {
+void launch_dkv_wgmma(const AttnParams& p, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
-  if (p.d == 128) with_dq ? run<128, true>(p, s) : run<128, false>(p, s);
-  else with_dq ? run<64, true>(p, s) : run<64, false>(p, s);
+  if (p.d == 128) run<128>(p, s);
+  else run<64>(p, s);
 }
 
 }  // namespace dflash::attention

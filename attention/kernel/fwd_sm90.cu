@@ -138,6 +138,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
       tma_half(&maps.k, sK0, tile_start(0), full_k(0));
       tma_half(&maps.v, sV0, tile_start(0), full_v(0));
     }
+    __syncwarp();
   } else {
     if (ntiles > 0) load_tile_w<kTileK, D, kWgThreads>(sK0, k, p.k_sr, tile_start(0), p.kv_len, tid);
     cp_async_commit();
@@ -173,6 +174,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
           tma_half(&maps.v, sV0 + buf * S::kTile, tile_start(t), full_v(buf));
         }
       }
+      __syncwarp();  // warp 0 converged again before the .aligned wgmma instructions
       if (t == 0) {
         cp_async_wait<0>();  // Q
         __syncthreads();
@@ -221,6 +223,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
         mbar_arrive_cluster(empty_k(buf), 0);
         mbar_arrive_cluster(empty_k(buf), 1);
       }
+      __syncwarp();
     }
 
     mask_tile(s, n0, ctx, rowA, rowB, t4);
@@ -279,6 +282,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
         mbar_arrive_cluster(empty_v(buf ^ 1), 0);
         mbar_arrive_cluster(empty_v(buf ^ 1), 1);
       }
+      __syncwarp();
     } else {
       __syncthreads();  // every warp is done with V(t-1)'s buffer
       if (t + 1 < ntiles)
@@ -399,7 +403,8 @@ struct DqWgSmem {
   static constexpr int kBytes = 1024 + 6 * kTile;  // Q, dO, K x2, V x2
 };
 
-template <int D>
+// QREG: S = Q K^T with Q as a register operand, as in the forward (+D/4 registers).
+template <int D, bool QREG>
 __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dq_wgmma_kernel(const AttnParams p) {
 #ifdef DFLASH_WGMMA
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -454,6 +459,7 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dq_wgmma_kernel(const 
   // dQ(t-1) before it -> tile t-1's buffers are free: the loads of tile t+1 go there -> P on the
   // CUDA cores while dP(t) runs -> dS -> dQ(t) += dS K(t) issued, running on into tile t+1.
   uint32_t da[4][4];  // dS(t-1): A operand of dQ(t-1), in flight into iteration t
+  uint32_t qa[QREG ? D / 16 : 1][4];  // QREG: Q's A fragments
   for (int t = 0; t < ntiles; ++t) {
     const int buf = t & 1;
     cp_async_wait<0>();
@@ -464,10 +470,18 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dq_wgmma_kernel(const 
     const bool ctx = t < n1;
 
     float s[8][4], dp[8][4];
+    if constexpr (QREG) {
+      if (t == 0) {  // Q has landed (the first wait above)
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ++ks) load_a_w<kTileQ>(sQ, warp, ks, lane, qa[ks]);
+      }
+    }
     wg_fence();
 #pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks)
-      wgmma_ss_n64(s, desc_k<kTileQ>(sQ, ks), desc_k<kTileK>(sK, ks), ks > 0);
+    for (int ks = 0; ks < D / 16; ++ks) {
+      if constexpr (QREG) wgmma_rs_n64_kb(s, qa[ks], desc_k<kTileK>(sK, ks), ks > 0);
+      else wgmma_ss_n64(s, desc_k<kTileQ>(sQ, ks), desc_k<kTileK>(sK, ks), ks > 0);
+    }
     wg_commit();
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks)
@@ -528,20 +542,20 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dq_wgmma_kernel(const 
 #endif
 }
 
-template <int D>
+template <int D, bool QREG>
 void run_dq(const AttnParams& p, cudaStream_t s) {
   constexpr int smem = DqWgSmem<D>::kBytes;
-  cudaFuncSetAttribute(attn_bwd_dq_wgmma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  attn_bwd_dq_wgmma_kernel<D><<<dim3(p.meta.nqt, p.Hq, p.B), kWgThreads, smem, s>>>(p);
+  cudaFuncSetAttribute(attn_bwd_dq_wgmma_kernel<D, QREG>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  attn_bwd_dq_wgmma_kernel<D, QREG><<<dim3(p.meta.nqt, p.Hq, p.B), kWgThreads, smem, s>>>(p);
   DFLASH_CHECK_LAUNCH("attention backward dq (wgmma)");
 }
 
 }  // namespace
 
-void launch_dq_wgmma(const AttnParams& p, void* stream) {
+void launch_dq_wgmma(const AttnParams& p, bool q_in_registers, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
-  if (p.d == 128) run_dq<128>(p, s);
-  else run_dq<64>(p, s);
+  if (p.d == 128) q_in_registers ? run_dq<128, true>(p, s) : run_dq<128, false>(p, s);
+  else q_in_registers ? run_dq<64, true>(p, s) : run_dq<64, false>(p, s);
 }
 
 

@@ -54,25 +54,39 @@ __device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank)
       : "memory");
 #endif
 }
-// Waits until the phase of parity `parity` has completed (acquire: CTA scope for data written by
-// the tensor memory accelerator, cluster scope for the peer CTA's arrivals).
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+// Whether the phase of parity `parity` has completed (acquire: CTA scope for data written by the
+// tensor memory accelerator, cluster scope for the peer CTA's arrivals). The waits loop in C++, not
+// inside the asm: a branch hidden in asm leaves the compiler unaware that lanes may leave the loop
+// at different times, and the warp must be converged again at the next .aligned wgmma instruction.
+__device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 1;
 #ifdef DFLASH_WGMMA
   asm volatile(
-      "{\n.reg .pred done;\nWAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n}\n" ::"r"(bar), "r"(parity)
+      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
       : "memory");
 #endif
+  return done != 0;
+}
+__device__ __forceinline__ bool mbar_try_wait_cluster(uint32_t bar, uint32_t parity) {
+  uint32_t done = 1;
+#ifdef DFLASH_WGMMA
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+#endif
+  return done != 0;
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  while (!mbar_try_wait(bar, parity)) {
+  }
 }
 __device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
-#ifdef DFLASH_WGMMA
-  asm volatile(
-      "{\n.reg .pred done;\nWAIT_%=:\n"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n}\n" ::"r"(bar), "r"(parity)
-      : "memory");
-#endif
+  while (!mbar_try_wait_cluster(bar, parity)) {
+  }
 }
 // 4-d tensor-map box (c0 innermost) into `dst` of every CTA in `mask`, completing on the mbarrier
 // at `bar`'s offset in each of them.

@@ -1,17 +1,16 @@
 #!/usr/bin/env bash
 # A/B of attention-kernel variants where they matter (issue 15), about 6 minutes on one H200:
 #   1. test_attention with each configuration (every kernel test against fp32, the variant tests);
-#   2. fp32 global reductions (bench/micro/red_bench.cu) against plain stores, in the pattern the
-#      fused backward adds its dQ partials with;
+#   2. (bench/micro/red_bench.cu, fp32 global reductions, is built and run by hand: its header)
 #   3. attention_bench: each stage's variants as raw launches (--variants, long shape), then the
 #      end-to-end table (both shapes) with each configuration;
-#   4. the target's capture forward (8 x 2048, 1 x 40000) and the drafter's full step (1 x 40000)
-#      with each configuration;
+#   4. the target's capture forward (8 x 2048, 1 x 40000) and the drafter's full step (1 x 40000,
+#      4 x 3072) with each configuration;
 #   5. Nsight Compute (long shape) on the forward and the dK/dV pass of the configurations: tensor
 #      pipe and shared-memory throughput, warp stalls (DFLASH_KAB_NCU=0: skipped).
 # A configuration is NAME=VAR=VALUE[,VAR=VALUE...]; DFLASH_KAB_CONFIGS holds them, space-separated
-# (default: "base=DFLASH_ATTN_FWD_VARIANT=4 qreg=DFLASH_ATTN_FWD_VARIANT=5 mc=DFLASH_ATTN_FWD_VARIANT=6
-#            fused=DFLASH_ATTN_DKV_VARIANT=4"). Parts 3-5 stop starting after DFLASH_KAB_BUDGET_S
+# (default: "base=DFLASH_ATTN_FWD_VARIANT=4,DFLASH_ATTN_DQ_VARIANT=4 qreg=...=5,...=5
+#            mc=DFLASH_ATTN_FWD_VARIANT=6,DFLASH_ATTN_DQ_VARIANT=5"). Parts 3-5 stop starting after DFLASH_KAB_BUDGET_S
 # seconds (default 420) so that a device call's limit leaves time to bring the logs back.
 #   bash bench/gpu/kernel_ab.sh BUILD_DIR OUT_DIR          (bash bench/gpu/run_all.sh kernel_ab)
 # targets: test_attention attention_bench target_bench drafter_bench
@@ -20,7 +19,7 @@ BUILD=${1:?BUILD_DIR}
 OUT=${2:?OUT_DIR}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/../.."
-CONFIGS=${DFLASH_KAB_CONFIGS:-base=DFLASH_ATTN_FWD_VARIANT=4 qreg=DFLASH_ATTN_FWD_VARIANT=5 mc=DFLASH_ATTN_FWD_VARIANT=6 fused=DFLASH_ATTN_DKV_VARIANT=4}
+CONFIGS=${DFLASH_KAB_CONFIGS:-base=DFLASH_ATTN_FWD_VARIANT=4,DFLASH_ATTN_DQ_VARIANT=4 qreg=DFLASH_ATTN_FWD_VARIANT=5,DFLASH_ATTN_DQ_VARIANT=5 mc=DFLASH_ATTN_FWD_VARIANT=6,DFLASH_ATTN_DQ_VARIANT=5}
 T0=$(date +%s)
 in_budget() { [ $(( $(date +%s) - T0 )) -lt "${DFLASH_KAB_BUDGET_S:-420}" ] || { echo "(budget spent: $1 skipped)"; return 1; }; }
 rc=0
@@ -34,14 +33,9 @@ for c in $CONFIGS; do
   env $(cfg_env "$c") timeout 60 "$BUILD/tests/attention/test_attention" > "$OUT/test_attention_$n.txt" 2>&1 ||
     { rc=1; echo "FAILED: test_attention ($n)"; }
   echo "--- $n: $(grep -E '^\[ *(PASSED|FAILED) ' "$OUT/test_attention_$n.txt" | tr '\n' ' ')"
-  grep -E '^\[ *FAILED |Failure|Expected|Which is|fused vs split' "$OUT/test_attention_$n.txt" | head -20
+  grep -E '^\[ *FAILED |Failure|Expected|Which is|differs' "$OUT/test_attention_$n.txt" | head -20
 done
 grep -E "larger_gqa4\] (O|dQ|dK|dV):" "$OUT"/test_attention_*.txt
-
-echo "## micro: fp32 reductions"
-if nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a bench/micro/red_bench.cu -o /tmp/red_bench > "$OUT/red_build.txt" 2>&1; then
-  timeout 60 /tmp/red_bench 2>&1 | tee "$OUT/red_bench.txt" || rc=1
-else cat "$OUT/red_build.txt"; rc=1; fi
 
 echo "## attention_bench"
 timeout 90 "$BUILD/bench/attention_bench" --only long --no-sdpa --variants --iters 7 > "$OUT/variants_long.txt" 2>&1 || rc=1
@@ -65,7 +59,10 @@ for c in $CONFIGS; do
   # shellcheck disable=SC2046
   env $(cfg_env "$c") timeout 120 "$BUILD/bench/drafter_bench" --seq 40000 --rows 1 --anchors 2048 --attention kernel \
     --optimizer --iters 3 --warmup 1 > "$OUT/drafter_long_$n.txt" 2>&1 || rc=1
-  echo "--- drafter, $n:"; grep -h "^| [0-9]" "$OUT/drafter_long_$n.txt"
+  # shellcheck disable=SC2046
+  env $(cfg_env "$c") timeout 120 "$BUILD/bench/drafter_bench" --seq 3072 --rows 4 --anchors 512 --attention kernel \
+    --optimizer --iters 5 --warmup 2 > "$OUT/drafter_train_$n.txt" 2>&1 || rc=1
+  echo "--- drafter, $n:"; grep -h "^| [0-9]" "$OUT/drafter_long_$n.txt" "$OUT/drafter_train_$n.txt"
 done
 
 if [ "${DFLASH_KAB_NCU:-1}" = 1 ]; then
@@ -82,10 +79,8 @@ if [ "${DFLASH_KAB_NCU:-1}" = 1 ]; then
       echo "--- $name"
       grep -E "Duration|SM Busy|Throughput|Issue Slots|Eligible|Shared|Bank|Stall (Long|Short|Wait|Barrier|MIO|Math|Not Sel|Dispatch)|Pipe" "$OUT/ncu_$name.txt" | head -40
     }
-    prof fwd_v5 "attn_fwd_wgmma.*" DFLASH_ATTN_FWD_VARIANT=5
     prof fwd_v6 "attn_fwd_wgmma.*" DFLASH_ATTN_FWD_VARIANT=6
-    prof dkv "attn_bwd_dkv_wgmma.*"
-    prof dkv_fused "attn_bwd_dkv_wgmma.*" DFLASH_ATTN_DKV_VARIANT=4
+    prof dq_v5 "attn_bwd_dq_wgmma.*" DFLASH_ATTN_DQ_VARIANT=5
   else echo "no ncu"; fi
 fi
 exit $rc
