@@ -22,7 +22,7 @@ namespace dflash::attention {
 
 bool wgmma_supported();                                   // bwd_sm90.cu
 void launch_dkv_wgmma(const AttnParams& p, void* stream);  // bwd_sm90.cu
-void launch_dq_wgmma(const AttnParams& p, bool q_in_registers, void* stream);  // fwd_sm90.cu
+void launch_dq_wgmma(const AttnParams& p, void* stream);   // fwd_sm90.cu
 
 namespace {
 
@@ -32,9 +32,8 @@ using namespace dev;
 constexpr int kThreads = 128;
 
 // Tile variant of the dQ kernel, for benchmarking (DFLASH_ATTN_DQ_VARIANT = 1: 16 rows/warp x
-// 64 keys, 2: 32 rows/warp x 16 keys, 3: 32 rows/warp x 32 keys, 4 (default): Hopper wgmma, 5:
-// Hopper wgmma with Q as a register operand of S (fwd_sm90.cu; 4 and 5 fall back to 3 where
-// wgmma is unavailable)). Read at each launch (getenv is cheap next to a launch).
+// 64 keys, 2: 32 rows/warp x 16 keys, 3: 32 rows/warp x 32 keys, 4 (default): Hopper wgmma
+// (fwd_sm90.cu; falls back to 3 where unavailable)). Read at each launch (getenv is cheap next to a launch).
 int dq_variant() {
   const char* e = std::getenv("DFLASH_ATTN_DQ_VARIANT");
   return e ? std::atoi(e) : 4;
@@ -477,7 +476,7 @@ void run_bwd(const AttnParams& p, cudaStream_t s, int stage) {
       case 2: run_dq<D, 2, 16>(p, s); break;
       case 3: run_dq<D, 2, 32>(p, s); break;
       default:
-        if (wgmma_supported()) launch_dq_wgmma(p, dq_variant() == 5, s);
+        if (wgmma_supported()) launch_dq_wgmma(p, s);
         else run_dq<D, 2, 32>(p, s);
         break;
     }

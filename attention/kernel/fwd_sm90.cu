@@ -7,7 +7,6 @@
 //   O += P V     (A = P from registers, B = V tile N-major)               m64n{d}k16 x 4
 // Compiled empty on other architectures and never launched there (launch_attn_fwd checks).
 #include <cuda_runtime.h>
-#include <cudaTypedefs.h>
 
 #include <stdexcept>
 #include <string>
@@ -15,7 +14,6 @@
 #include "attention/kernel.h"
 #include "core/launch_check.h"
 #include "attention/kernel/common.cuh"
-#include "attention/kernel/tma.cuh"
 #include "attention/kernel/wgmma.cuh"
 
 namespace dflash::attention {
@@ -52,17 +50,7 @@ __device__ __forceinline__ void mask_tile(float (&s)[8][4], int n0, bool ctx, co
 template <int D>
 struct FwdWgSmem {
   static constexpr int kTile = kTileQ * D * 2;  // == kTileK * D * 2
-  // Q, K x2, V x2 (+1024: base alignment), 8 mbarriers (MC: full K/V and empty K/V, x2)
-  static constexpr int kBytes = 1024 + 5 * kTile + 64;
-};
-
-// MC: the K/V tiles come by TMA, each CTA of a cluster of two (query heads 2i and 2i+1 of one KV
-// head, same query tile, so the same key tiles) loading half of every tile into both, so that L2
-// sends each tile once per pair of CTAs instead of once per CTA. A CTA's "full" mbarrier of a
-// buffer completes when both halves have landed; its "empty" mbarrier when all 8 warps of the pair
-// are done with the buffer (4 local and 4 remote arrivals), after which either CTA may refill it.
-struct FwdMaps {
-  CUtensorMap k, v;  // [B, Hkv, kv_len, D] as 4-d (D, kv_len, Hkv, B), boxes of 64 x 32
+  static constexpr int kBytes = 1024 + 5 * kTile;  // Q, K x2, V x2 (+1024: base alignment)
 };
 
 template <int D>
@@ -75,10 +63,8 @@ __device__ __forceinline__ void wgmma_pv(float (&o)[D / 8][4], const uint32_t (&
 // registers), so that each S product reads only K from shared memory: with 64-key tiles the
 // smem-operand form reads Q's 64 x 16 slice again for every 64 x 64 x 16 step, as many bytes as
 // K's (kernel/NOTES.md).
-template <int D, bool QREG, bool MC>
-__global__ void __launch_bounds__(kWgThreads, 2)
-    attn_fwd_wgmma_kernel(const AttnParams p, const __grid_constant__ FwdMaps maps) {
-  static_assert(!MC || QREG, "the multicast variant reads Q from registers");
+template <int D, bool QREG>
+__global__ void __launch_bounds__(kWgThreads, 2) attn_fwd_wgmma_kernel(const AttnParams p) {
 #ifdef DFLASH_WGMMA
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   using S = FwdWgSmem<D>;
@@ -106,45 +92,11 @@ __global__ void __launch_bounds__(kWgThreads, 2)
   // is loaded at the top of iteration t (K(t-1)'s buffer, read by S(t-1), long done) and V(t+1)
   // once P(t-1) V(t-1) has completed (its buffer). cp.async groups: {Q, K0}, {V0}, K1, V1, K2, ...
   const uint32_t sQ = base, sK0 = base + S::kTile, sV0 = base + 3 * S::kTile;
-  const uint32_t bars = base + 5 * S::kTile;  // MC: fullK[2], fullV[2], emptyK[2], emptyV[2]
-  auto full_k = [&](int i) { return bars + 8 * i; };
-  auto full_v = [&](int i) { return bars + 16 + 8 * i; };
-  auto empty_k = [&](int i) { return bars + 32 + 8 * i; };
-  auto empty_v = [&](int i) { return bars + 48 + 8 * i; };
-  const uint32_t rank = MC ? cluster_rank() : 0;
-  // MC: this CTA's half (rows 32 * rank ..) of the tile at key n0 into both CTAs' buffer dst.
-  auto tma_half = [&](const CUtensorMap* map, uint32_t dst, int n0, uint32_t bar) {
-    mbar_arrive_expect_tx(bar, S::kTile);
-#pragma unroll
-    for (int c = 0; c < D / 64; ++c)
-      tma_load_4d_mc(dst + c * (kTileK * 128) + rank * 32 * 128, map, c * 64, n0 + (int)rank * 32, hk, b, bar, 3);
-  };
-  if constexpr (MC) {
-    if (tid == 0) {
-      for (int i = 0; i < 2; ++i) {
-        mbar_init(full_k(i), 1);
-        mbar_init(full_v(i), 1);
-        mbar_init(empty_k(i), 8);
-        mbar_init(empty_v(i), 8);
-      }
-      fence_mbar_init();
-    }
-    cluster_sync();  // both CTAs' barriers exist before either copies into or arrives on them
-  }
   load_tile_w<kTileQ, D, kWgThreads>(sQ, q, p.q_sr, m0, p.q_len, tid);
-  if constexpr (MC) {
-    cp_async_commit();
-    if (tid == 0 && ntiles > 0) {
-      tma_half(&maps.k, sK0, tile_start(0), full_k(0));
-      tma_half(&maps.v, sV0, tile_start(0), full_v(0));
-    }
-    __syncwarp();
-  } else {
-    if (ntiles > 0) load_tile_w<kTileK, D, kWgThreads>(sK0, k, p.k_sr, tile_start(0), p.kv_len, tid);
-    cp_async_commit();
-    if (ntiles > 0) load_tile_w<kTileK, D, kWgThreads>(sV0, v, p.v_sr, tile_start(0), p.kv_len, tid);
-    cp_async_commit();
-  }
+  if (ntiles > 0) load_tile_w<kTileK, D, kWgThreads>(sK0, k, p.k_sr, tile_start(0), p.kv_len, tid);
+  cp_async_commit();
+  if (ntiles > 0) load_tile_w<kTileK, D, kWgThreads>(sV0, v, p.v_sr, tile_start(0), p.kv_len, tid);
+  cp_async_commit();
 
   const int g = lane >> 2, t4 = lane & 3;
   const int ra = m0 + warp * 16 + g, rb = ra + 8;
@@ -161,34 +113,13 @@ __global__ void __launch_bounds__(kWgThreads, 2)
 
   for (int t = 0; t < ntiles; ++t) {
     const int buf = t & 1;
-    if constexpr (MC) {
-      // K(t+1) into K(t-1)'s buffer once the pair is done with S(t-1); V(t) into V(t-2)'s once
-      // both have retired P(t-2) V(t-2) (V(t) is first read one iteration later).
-      if (tid == 0) {
-        if (t + 1 < ntiles) {
-          if (t >= 1) mbar_wait_cluster(empty_k(buf ^ 1), ((t - 1) >> 1) & 1);
-          tma_half(&maps.k, sK0 + (buf ^ 1) * S::kTile, tile_start(t + 1), full_k(buf ^ 1));
-        }
-        if (t >= 1) {
-          if (t >= 2) mbar_wait_cluster(empty_v(buf), ((t - 2) >> 1) & 1);
-          tma_half(&maps.v, sV0 + buf * S::kTile, tile_start(t), full_v(buf));
-        }
-      }
-      __syncwarp();  // warp 0 converged again before the .aligned wgmma instructions
-      if (t == 0) {
-        cp_async_wait<0>();  // Q
-        __syncthreads();
-      }
-      mbar_wait(full_k(buf), (t >> 1) & 1);
-    } else {
-      if (t + 1 < ntiles)
-        load_tile_w<kTileK, D, kWgThreads>(sK0 + (buf ^ 1) * S::kTile, k, p.k_sr, tile_start(t + 1),
-                                           p.kv_len, tid);
-      cp_async_commit();
-      cp_async_wait<2>();  // K(t) and V(t-1) have landed
-      fence_proxy_async();
-      __syncthreads();
-    }
+    if (t + 1 < ntiles)
+      load_tile_w<kTileK, D, kWgThreads>(sK0 + (buf ^ 1) * S::kTile, k, p.k_sr, tile_start(t + 1),
+                                         p.kv_len, tid);
+    cp_async_commit();
+    cp_async_wait<2>();  // K(t) and V(t-1) have landed
+    fence_proxy_async();
+    __syncthreads();
     const uint32_t sK = sK0 + buf * S::kTile;
     const int n0 = tile_start(t);
     const bool ctx = t < n1;
@@ -208,7 +139,6 @@ __global__ void __launch_bounds__(kWgThreads, 2)
     }
     wg_commit();
     if (t > 0) {
-      if constexpr (MC) mbar_wait(full_v(buf ^ 1), ((t - 1) >> 1) & 1);
       reg_fence(o);
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) wgmma_pv<D>(o, pa[kk], desc_mn<kTileK>(sV0 + (buf ^ 1) * S::kTile, kk));
@@ -218,13 +148,6 @@ __global__ void __launch_bounds__(kWgThreads, 2)
       wg_wait<0>();
     }
     reg_fence(s);
-    if constexpr (MC) {
-      if (lane == 0) {  // this warp is done with K(t)
-        mbar_arrive_cluster(empty_k(buf), 0);
-        mbar_arrive_cluster(empty_k(buf), 1);
-      }
-      __syncwarp();
-    }
 
     mask_tile(s, n0, ctx, rowA, rowB, t4);
     float mxA = mA, mxB = mB;
@@ -277,28 +200,16 @@ __global__ void __launch_bounds__(kWgThreads, 2)
     for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
       for (int r = 0; r < 4; ++r) pa[kk][r] = pn[kk][r];
-    if constexpr (MC) {
-      if (t > 0 && lane == 0) {  // this warp is done with V(t-1)
-        mbar_arrive_cluster(empty_v(buf ^ 1), 0);
-        mbar_arrive_cluster(empty_v(buf ^ 1), 1);
-      }
-      __syncwarp();
-    } else {
-      __syncthreads();  // every warp is done with V(t-1)'s buffer
-      if (t + 1 < ntiles)
-        load_tile_w<kTileK, D, kWgThreads>(sV0 + (buf ^ 1) * S::kTile, v, p.v_sr, tile_start(t + 1),
-                                           p.kv_len, tid);
-      cp_async_commit();
-    }
+    __syncthreads();  // every warp is done with V(t-1)'s buffer
+    if (t + 1 < ntiles)
+      load_tile_w<kTileK, D, kWgThreads>(sV0 + (buf ^ 1) * S::kTile, v, p.v_sr, tile_start(t + 1),
+                                         p.kv_len, tid);
+    cp_async_commit();
   }
   cp_async_wait<0>();
   if (ntiles > 0) {
-    if constexpr (MC) {
-      mbar_wait(full_v((ntiles - 1) & 1), ((ntiles - 1) >> 1) & 1);
-    } else {
-      fence_proxy_async();
-      __syncthreads();
-    }
+    fence_proxy_async();
+    __syncthreads();
     reg_fence(o);
     wg_fence();
 #pragma unroll
@@ -329,68 +240,15 @@ __global__ void __launch_bounds__(kWgThreads, 2)
       store_bf16x2(out + (int64_t)rb * p.o_sr + i * 8 + 2 * t4, o[i][2] * iB, o[i][3] * iB);
     if (t4 == 0) lse[rb] = lB > 0.f ? (mB * sl2 + __log2f(lB)) * kLn2 : -INFINITY;
   }
-  if constexpr (MC) cluster_sync();  // the peer may still arrive on this CTA's barriers until here
 #endif
 }
 
-// The driver's cuTensorMapEncodeTiled, found once through the runtime (no libcuda link).
-PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
-  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
-        q != cudaDriverEntryPointSuccess)
-      f = nullptr;
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
-  if (!fn) throw std::runtime_error("dflash attention kernel: cuTensorMapEncodeTiled not found in the CUDA driver");
-  return fn;
-}
-
-// [B, H, rows, D] bf16 with strides (sb, sh, sr) in elements, as the 4-d map (D, rows, H, B) with
-// boxes of 64 columns x 32 rows in the 128-byte swizzle (rows past `rows` read as zeros).
-CUtensorMap tile_map(const void* ptr, int64_t B, int64_t H, int64_t rows, int D, int64_t sb, int64_t sh,
-                     int64_t sr, const char* what) {
-  CUtensorMap m;
-  const cuuint64_t dims[4] = {(cuuint64_t)D, (cuuint64_t)rows, (cuuint64_t)H, (cuuint64_t)B};
-  // a size-1 dimension's stride is never used; any valid one (a multiple of 16 bytes) will do
-  const cuuint64_t strides[3] = {(cuuint64_t)sr * 2, (cuuint64_t)(H > 1 ? sh : sr) * 2, (cuuint64_t)(B > 1 ? sb : sr) * 2};
-  const cuuint32_t box[4] = {64, 32, 1, 1}, estr[4] = {1, 1, 1, 1};
-  const CUresult r = encode_tiled()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(ptr), dims, strides, box,
-                                    estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS)
-    throw std::runtime_error(std::string("dflash attention kernel: tensor map of ") + what + " failed (CUresult " +
-                             std::to_string((int)r) + ")");
-  return m;
-}
-
-template <int D, bool QREG, bool MC>
+template <int D, bool QREG>
 void run(const AttnParams& p, cudaStream_t s) {
   constexpr int smem = FwdWgSmem<D>::kBytes;
-  auto kern = attn_fwd_wgmma_kernel<D, QREG, MC>;
-  cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  FwdMaps maps{};
-  if constexpr (MC) {
-    maps.k = tile_map(p.k, p.B, p.Hkv, p.kv_len, D, p.k_sb, p.k_sh, p.k_sr, "K");
-    maps.v = tile_map(p.v, p.B, p.Hkv, p.kv_len, D, p.v_sb, p.v_sh, p.v_sr, "V");
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(p.meta.nqt, p.Hq, p.B);
-    cfg.blockDim = dim3(kWgThreads);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = s;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 1;
-    attr[0].val.clusterDim.y = 2;  // query heads 2i, 2i+1: one KV head when the group size is even
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    cudaLaunchKernelEx(&cfg, kern, p, maps);
-  } else {
-    kern<<<dim3(p.meta.nqt, p.Hq, p.B), kWgThreads, smem, s>>>(p, maps);
-  }
-  DFLASH_CHECK_LAUNCH(MC ? "attention forward (wgmma, K/V multicast)" : "attention forward (wgmma)");
+  cudaFuncSetAttribute(attn_fwd_wgmma_kernel<D, QREG>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  attn_fwd_wgmma_kernel<D, QREG><<<dim3(p.meta.nqt, p.Hq, p.B), kWgThreads, smem, s>>>(p);
+  DFLASH_CHECK_LAUNCH("attention forward (wgmma)");
 }
 
 
@@ -403,8 +261,7 @@ struct DqWgSmem {
   static constexpr int kBytes = 1024 + 6 * kTile;  // Q, dO, K x2, V x2
 };
 
-// QREG: S = Q K^T with Q as a register operand, as in the forward (+D/4 registers).
-template <int D, bool QREG>
+template <int D>
 __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dq_wgmma_kernel(const AttnParams p) {
 #ifdef DFLASH_WGMMA
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -459,7 +316,6 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dq_wgmma_kernel(const 
   // dQ(t-1) before it -> tile t-1's buffers are free: the loads of tile t+1 go there -> P on the
   // CUDA cores while dP(t) runs -> dS -> dQ(t) += dS K(t) issued, running on into tile t+1.
   uint32_t da[4][4];  // dS(t-1): A operand of dQ(t-1), in flight into iteration t
-  uint32_t qa[QREG ? D / 16 : 1][4];  // QREG: Q's A fragments
   for (int t = 0; t < ntiles; ++t) {
     const int buf = t & 1;
     cp_async_wait<0>();
@@ -470,18 +326,10 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dq_wgmma_kernel(const 
     const bool ctx = t < n1;
 
     float s[8][4], dp[8][4];
-    if constexpr (QREG) {
-      if (t == 0) {  // Q has landed (the first wait above)
-#pragma unroll
-        for (int ks = 0; ks < D / 16; ++ks) load_a_w<kTileQ>(sQ, warp, ks, lane, qa[ks]);
-      }
-    }
     wg_fence();
 #pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
-      if constexpr (QREG) wgmma_rs_n64_kb(s, qa[ks], desc_k<kTileK>(sK, ks), ks > 0);
-      else wgmma_ss_n64(s, desc_k<kTileQ>(sQ, ks), desc_k<kTileK>(sK, ks), ks > 0);
-    }
+    for (int ks = 0; ks < D / 16; ++ks)
+      wgmma_ss_n64(s, desc_k<kTileQ>(sQ, ks), desc_k<kTileK>(sK, ks), ks > 0);
     wg_commit();
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks)
@@ -542,30 +390,27 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dq_wgmma_kernel(const 
 #endif
 }
 
-template <int D, bool QREG>
+template <int D>
 void run_dq(const AttnParams& p, cudaStream_t s) {
   constexpr int smem = DqWgSmem<D>::kBytes;
-  cudaFuncSetAttribute(attn_bwd_dq_wgmma_kernel<D, QREG>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  attn_bwd_dq_wgmma_kernel<D, QREG><<<dim3(p.meta.nqt, p.Hq, p.B), kWgThreads, smem, s>>>(p);
+  cudaFuncSetAttribute(attn_bwd_dq_wgmma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  attn_bwd_dq_wgmma_kernel<D><<<dim3(p.meta.nqt, p.Hq, p.B), kWgThreads, smem, s>>>(p);
   DFLASH_CHECK_LAUNCH("attention backward dq (wgmma)");
 }
 
 }  // namespace
 
-void launch_dq_wgmma(const AttnParams& p, bool q_in_registers, void* stream) {
+void launch_dq_wgmma(const AttnParams& p, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
-  if (p.d == 128) q_in_registers ? run_dq<128, true>(p, s) : run_dq<128, false>(p, s);
-  else q_in_registers ? run_dq<64, true>(p, s) : run_dq<64, false>(p, s);
+  if (p.d == 128) run_dq<128>(p, s);
+  else run_dq<64>(p, s);
 }
 
 
-void launch_fwd_wgmma(const AttnParams& p, int variant, void* stream) {
+void launch_fwd_wgmma(const AttnParams& p, bool q_in_registers, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
-  // 6 (multicast K/V within a pair of query heads) needs the pair in one KV head; 5 otherwise.
-  const bool mc = variant == 6 && (p.Hq / p.Hkv) % 2 == 0;
-  const bool qreg = variant >= 5;
-  if (p.d == 128) mc ? run<128, true, true>(p, s) : qreg ? run<128, true, false>(p, s) : run<128, false, false>(p, s);
-  else mc ? run<64, true, true>(p, s) : qreg ? run<64, true, false>(p, s) : run<64, false, false>(p, s);
+  if (p.d == 128) q_in_registers ? run<128, true>(p, s) : run<128, false>(p, s);
+  else q_in_registers ? run<64, true>(p, s) : run<64, false>(p, s);
 }
 
 }  // namespace dflash::attention

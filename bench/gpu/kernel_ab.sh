@@ -1,17 +1,16 @@
 #!/usr/bin/env bash
 # A/B of attention-kernel variants where they matter (issue 15), about 6 minutes on one H200:
 #   1. test_attention with each configuration (every kernel test against fp32, the variant tests);
-#   2. (bench/micro/red_bench.cu, fp32 global reductions, is built and run by hand: its header)
-#   3. attention_bench: each stage's variants as raw launches (--variants, long shape), then the
+#   2. attention_bench: each stage's variants as raw launches (--variants, long shape), then the
 #      end-to-end table (both shapes) with each configuration;
-#   4. the target's capture forward (8 x 2048, 1 x 40000) and the drafter's full step (1 x 40000,
+#   3. the target's capture forward (8 x 2048, 1 x 40000) and the drafter's full step (1 x 40000,
 #      4 x 3072) with each configuration;
-#   5. Nsight Compute (long shape) on the forward and the dK/dV pass of the configurations: tensor
+#   4. Nsight Compute (long shape) on the forward variants, the dQ and the dK/dV pass: tensor
 #      pipe and shared-memory throughput, warp stalls (DFLASH_KAB_NCU=0: skipped).
 # A configuration is NAME=VAR=VALUE[,VAR=VALUE...]; DFLASH_KAB_CONFIGS holds them, space-separated
-# (default: "base=DFLASH_ATTN_FWD_VARIANT=4,DFLASH_ATTN_DQ_VARIANT=4 qreg=...=5,...=5
-#            mc=DFLASH_ATTN_FWD_VARIANT=6,DFLASH_ATTN_DQ_VARIANT=5"). Parts 3-5 stop starting after DFLASH_KAB_BUDGET_S
-# seconds (default 420) so that a device call's limit leaves time to bring the logs back.
+# (default: "fwd4=DFLASH_ATTN_FWD_VARIANT=4 fwd5=DFLASH_ATTN_FWD_VARIANT=5"). Parts 3-5 stop
+# starting after DFLASH_KAB_BUDGET_S seconds (default 420), so that a device call's limit leaves
+# time to bring the logs back.
 #   bash bench/gpu/kernel_ab.sh BUILD_DIR OUT_DIR          (bash bench/gpu/run_all.sh kernel_ab)
 # targets: test_attention attention_bench target_bench drafter_bench
 set -uo pipefail
@@ -19,7 +18,7 @@ BUILD=${1:?BUILD_DIR}
 OUT=${2:?OUT_DIR}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/../.."
-CONFIGS=${DFLASH_KAB_CONFIGS:-base=DFLASH_ATTN_FWD_VARIANT=4,DFLASH_ATTN_DQ_VARIANT=4 qreg=DFLASH_ATTN_FWD_VARIANT=5,DFLASH_ATTN_DQ_VARIANT=5 mc=DFLASH_ATTN_FWD_VARIANT=6,DFLASH_ATTN_DQ_VARIANT=5}
+CONFIGS=${DFLASH_KAB_CONFIGS:-fwd4=DFLASH_ATTN_FWD_VARIANT=4 fwd5=DFLASH_ATTN_FWD_VARIANT=5}
 T0=$(date +%s)
 in_budget() { [ $(( $(date +%s) - T0 )) -lt "${DFLASH_KAB_BUDGET_S:-420}" ] || { echo "(budget spent: $1 skipped)"; return 1; }; }
 rc=0
@@ -79,8 +78,10 @@ if [ "${DFLASH_KAB_NCU:-1}" = 1 ]; then
       echo "--- $name"
       grep -E "Duration|SM Busy|Throughput|Issue Slots|Eligible|Shared|Bank|Stall (Long|Short|Wait|Barrier|MIO|Math|Not Sel|Dispatch)|Pipe" "$OUT/ncu_$name.txt" | head -40
     }
-    prof fwd_v6 "attn_fwd_wgmma.*" DFLASH_ATTN_FWD_VARIANT=6
-    prof dq_v5 "attn_bwd_dq_wgmma.*" DFLASH_ATTN_DQ_VARIANT=5
+    prof fwd_v4 "attn_fwd_wgmma.*" DFLASH_ATTN_FWD_VARIANT=4
+    prof fwd_v5 "attn_fwd_wgmma.*" DFLASH_ATTN_FWD_VARIANT=5
+    prof dq "attn_bwd_dq_wgmma.*"
+    prof dkv "attn_bwd_dkv_wgmma.*"
   else echo "no ncu"; fi
 fi
 exit $rc
