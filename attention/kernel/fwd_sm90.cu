@@ -3,7 +3,8 @@
 // Same schedule as the mma.sync forward in fwd.cu (one CTA per 64-row query tile of one (batch
 // row, query head), walking the tile's context key range then its own-block key range in 64-key
 // steps, online softmax in base 2), with one warpgroup (4 warps x 16 rows) and:
-//   S  = Q K^T   (A = Q tile, B = K tile, both K-major in shared memory)   m64n64k16 x d/16
+//   S  = Q K^T   (A = Q tile, B = K tile, both K-major in shared memory;   m64n64k16 x d/16
+//                 QREG, the default: A = Q's fragments, loaded once into registers)
 //   O += P V     (A = P from registers, B = V tile N-major)               m64n{d}k16 x 4
 // Compiled empty on other architectures and never launched there (launch_attn_fwd checks).
 #include <cuda_runtime.h>
