@@ -17,6 +17,7 @@
 #include <utility>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "attention/dflash_attention.h"
@@ -200,6 +201,16 @@ Grads kernel_raw(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   return {o, dq, dk, dv};
 }
 
+// Random bf16 q [B, Hq, N*bs, d], k and v [B, Hkv, C + N*bs, d], dout like q (the global seed).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> random_qkv_dout(const Case& c, at::Device dev) {
+  auto opt = at::TensorOptions().device(dev).dtype(at::kBFloat16);
+  const int64_t ql = (int64_t)c.N * c.bs, kl = c.C + ql;
+  auto q = at::randn({c.B, c.Hq, ql, c.d}, opt);
+  auto k = at::randn({c.B, c.Hkv, kl, c.d}, opt);
+  auto v = at::randn({c.B, c.Hkv, kl, c.d}, opt);
+  return {q, k, v, at::randn({c.B, c.Hq, ql, c.d}, opt)};
+}
+
 Prepared kernel_prepared(const MaskSpec& spec, at::Device dev) {
   Prepared p;
   p.spec = spec;
@@ -221,12 +232,8 @@ TEST_P(KernelVsReference, MatchesDenseFp32WithinTwiceSdpaError) {
   const at::Device dev(at::kCUDA, 0);
   const MaskSpec spec = make_spec(c, rng);
   const at::Tensor mask = dense_mask(spec);
-  auto opt = at::TensorOptions().device(dev).dtype(at::kBFloat16);
   const int64_t ql = (int64_t)c.N * c.bs, kl = c.C + ql;
-  auto q = at::randn({c.B, c.Hq, ql, c.d}, opt);
-  auto k = at::randn({c.B, c.Hkv, kl, c.d}, opt);
-  auto v = at::randn({c.B, c.Hkv, kl, c.d}, opt);
-  auto dout = at::randn({c.B, c.Hq, ql, c.d}, opt);
+  auto [q, k, v, dout] = random_qkv_dout(c, dev);
 
   const Prepared prep = kernel_prepared(spec, dev);
   at::Tensor lse;
@@ -285,12 +292,7 @@ TEST(KernelForwardVariants, QInRegistersEqualsQInSharedMemoryBitwise) {
     at::manual_seed(7 + c.d);
     const at::Device dev(at::kCUDA, 0);
     const MaskSpec spec = make_spec(c, rng);
-    auto opt = at::TensorOptions().device(dev).dtype(at::kBFloat16);
-    const int64_t ql = (int64_t)c.N * c.bs, kl = c.C + ql;
-    auto q = at::randn({c.B, c.Hq, ql, c.d}, opt);
-    auto k = at::randn({c.B, c.Hkv, kl, c.d}, opt);
-    auto v = at::randn({c.B, c.Hkv, kl, c.d}, opt);
-    auto dout = at::randn({c.B, c.Hq, ql, c.d}, opt);
+    auto [q, k, v, dout] = random_qkv_dout(c, dev);
     const Prepared prep = kernel_prepared(spec, dev);
     const char* before = std::getenv("DFLASH_ATTN_FWD_VARIANT");  // restored after each run, so
     const std::string saved = before ? before : "";                 // that a suite run with a
