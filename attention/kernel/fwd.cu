@@ -261,12 +261,13 @@ void run_fwd(const AttnParams& p, cudaStream_t s) {
 
 template <int D>
 void run_fwd_variant(const AttnParams& p, cudaStream_t s) {
-  switch (fwd_variant()) {
+  const int variant = fwd_variant();
+  switch (variant) {
     case 1: run_fwd<D, 1, 64>(p, s); break;
     case 2: run_fwd<D, 2, 32>(p, s); break;
     case 3: run_fwd<D, 2, 64>(p, s); break;
     default:
-      if (wgmma_supported()) launch_fwd_wgmma(p, fwd_variant() == 5, s);
+      if (wgmma_supported()) launch_fwd_wgmma(p, variant == 5, s);
       else run_fwd<D, 2, 64>(p, s);
       break;
   }

@@ -5,10 +5,10 @@
 #      end-to-end table (both shapes) with each configuration;
 #   3. the target's capture forward (8 x 2048, 1 x 40000) and the drafter's full step (1 x 40000,
 #      4 x 3072) with each configuration;
-#   4. Nsight Compute (long shape) on the forward variants, the dQ and the dK/dV pass: tensor
-#      pipe and shared-memory throughput, warp stalls (DFLASH_KAB_NCU=0: skipped).
+#   4. Nsight Compute (long shape, bench/gpu/attention_prof.sh) on the forward variants, the dQ and
+#      the dK/dV pass: speed of light, memory workload, warp stalls (DFLASH_KAB_NCU=0: skipped).
 # A configuration is NAME=VAR=VALUE[,VAR=VALUE...]; DFLASH_KAB_CONFIGS holds them, space-separated
-# (default: "fwd4=DFLASH_ATTN_FWD_VARIANT=4 fwd5=DFLASH_ATTN_FWD_VARIANT=5"). Parts 3-5 stop
+# (default: "fwd4=DFLASH_ATTN_FWD_VARIANT=4 fwd5=DFLASH_ATTN_FWD_VARIANT=5"). Parts 2-4 stop
 # starting after DFLASH_KAB_BUDGET_S seconds (default 420), so that a device call's limit leaves
 # time to bring the logs back.
 #   bash bench/gpu/kernel_ab.sh BUILD_DIR OUT_DIR          (bash bench/gpu/run_all.sh kernel_ab)
@@ -66,22 +66,15 @@ done
 
 if [ "${DFLASH_KAB_NCU:-1}" = 1 ]; then
   echo "## ncu (long shape)"
-  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  if [ -n "$NCU" ]; then
-    prof() {  # NAME KERNEL_REGEX ENV...
-      local name=$1 k=$2; shift 2
-      in_budget "ncu $name" || return 0
-      env "$@" timeout 120 "$NCU" --clock-control none --kernel-name "regex:$k" --launch-skip 1 --launch-count 1 \
-        --section SpeedOfLight --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
-        --section MemoryWorkloadAnalysis_Tables --section WarpStateStats --section SchedulerStats \
-        "$BUILD/bench/attention_bench" --only long --no-sdpa --iters 1 > "$OUT/ncu_$name.txt" 2>&1 || rc=1
-      echo "--- $name"
-      grep -E "Duration|SM Busy|Throughput|Issue Slots|Eligible|Shared|Bank|Stall (Long|Short|Wait|Barrier|MIO|Math|Not Sel|Dispatch)|Pipe" "$OUT/ncu_$name.txt" | head -40
-    }
-    prof fwd_v4 "attn_fwd_wgmma.*" DFLASH_ATTN_FWD_VARIANT=4
-    prof fwd_v5 "attn_fwd_wgmma.*" DFLASH_ATTN_FWD_VARIANT=5
-    prof dq "attn_bwd_dq_wgmma.*"
-    prof dkv "attn_bwd_dkv_wgmma.*"
-  else echo "no ncu"; fi
+  prof() {  # NAME KERNEL ENV...: one stage under attention_prof.sh, into OUT/ncu_NAME/
+    local name=$1 k=$2; shift 2
+    in_budget "ncu $name" || return 0
+    echo "--- $name"
+    env "$@" DFLASH_PROF_KERNELS="$k" bash bench/gpu/attention_prof.sh "$BUILD" "$OUT/ncu_$name" long || rc=1
+  }
+  prof fwd_v4 attn_fwd DFLASH_ATTN_FWD_VARIANT=4
+  prof fwd_v5 attn_fwd DFLASH_ATTN_FWD_VARIANT=5
+  prof dq attn_bwd_dq
+  prof dkv attn_bwd_dkv
 fi
 exit $rc

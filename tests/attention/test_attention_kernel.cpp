@@ -14,10 +14,10 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <utility>
 #include <random>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "attention/dflash_attention.h"
