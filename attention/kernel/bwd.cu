@@ -23,6 +23,7 @@ namespace dflash::attention {
 bool wgmma_supported();                                   // bwd_sm90.cu
 void launch_dkv_wgmma(const AttnParams& p, void* stream);  // bwd_sm90.cu
 void launch_dq_wgmma(const AttnParams& p, void* stream);   // fwd_sm90.cu
+bool launch_dq_ws(const AttnParams& p, void* stream);     // ws_sm90.cu
 
 namespace {
 
@@ -33,7 +34,9 @@ constexpr int kThreads = 128;
 
 // Tile variant of the dQ kernel, for benchmarking (DFLASH_ATTN_DQ_VARIANT = 1: 16 rows/warp x
 // 64 keys, 2: 32 rows/warp x 16 keys, 3: 32 rows/warp x 32 keys, 4 (default): Hopper wgmma
-// (fwd_sm90.cu; falls back to 3 where unavailable)). Read at each launch (getenv is cheap next to a launch).
+// (fwd_sm90.cu), 6: warp-specialised, two query heads per CTA sharing a TMA K/V ring (ws_sm90.cu;
+// bit-identical to 4, and 4 where the heads cannot be paired); 4 and 6 fall back to 3 where wgmma
+// is unavailable). Read at each launch (getenv is cheap next to a launch).
 int dq_variant() {
   const char* e = std::getenv("DFLASH_ATTN_DQ_VARIANT");
   return e ? std::atoi(e) : 4;
@@ -476,8 +479,8 @@ void run_bwd(const AttnParams& p, cudaStream_t s, int stage) {
       case 2: run_dq<D, 2, 16>(p, s); break;
       case 3: run_dq<D, 2, 32>(p, s); break;
       default:
-        if (wgmma_supported()) launch_dq_wgmma(p, s);
-        else run_dq<D, 2, 32>(p, s);
+        if (!wgmma_supported()) run_dq<D, 2, 32>(p, s);
+        else if (!(dq_variant() == 6 && launch_dq_ws(p, s))) launch_dq_wgmma(p, s);
         break;
     }
   }

@@ -20,6 +20,7 @@ namespace dflash::attention {
 
 bool wgmma_supported();                                  // bwd_sm90.cu
 void launch_fwd_wgmma(const AttnParams& p, bool q_in_registers, void* stream);  // fwd_sm90.cu
+bool launch_fwd_ws(const AttnParams& p, bool pingpong, void* stream);           // ws_sm90.cu
 
 namespace {
 
@@ -30,8 +31,11 @@ constexpr int kThreads = 128;
 
 // Tile variant, for benchmarking (DFLASH_ATTN_FWD_VARIANT = 1: 16 rows/warp x 64 keys,
 // 2: 32 rows/warp x 32 keys, 3: 32 rows/warp x 64 keys, 4: Hopper wgmma, 5 (default): Hopper
-// wgmma with Q as a register operand of S, bit-identical to 4 and ~5% faster (fwd_sm90.cu; 4 and
-// 5 fall back to 3 where wgmma is unavailable)). Read at each launch.
+// wgmma with Q as a register operand of S, bit-identical to 4 and ~5% faster (fwd_sm90.cu);
+// 7: warp-specialised, two query heads per CTA sharing a TMA K/V ring, 8: the same with ping-pong
+// between the two warpgroups (ws_sm90.cu; both bit-identical to 4, and 5 where the heads cannot be
+// paired or TMA cannot describe the tensors); 4 and up fall back to 3 where wgmma is unavailable).
+// Read at each launch.
 int fwd_variant() {
   const char* e = std::getenv("DFLASH_ATTN_FWD_VARIANT");
   return e ? std::atoi(e) : 5;
@@ -267,8 +271,9 @@ void run_fwd_variant(const AttnParams& p, cudaStream_t s) {
     case 2: run_fwd<D, 2, 32>(p, s); break;
     case 3: run_fwd<D, 2, 64>(p, s); break;
     default:
-      if (wgmma_supported()) launch_fwd_wgmma(p, variant == 5, s);
-      else run_fwd<D, 2, 64>(p, s);
+      if (!wgmma_supported()) run_fwd<D, 2, 64>(p, s);
+      else if (!((variant == 7 || variant == 8) && launch_fwd_ws(p, variant == 8, s)))
+        launch_fwd_wgmma(p, variant != 4, s);
       break;
   }
 }

@@ -25,29 +25,6 @@ using namespace dev;
 
 constexpr int kWgThreads = 128;
 
-#ifdef DFLASH_WGMMA
-// Sets S to -inf where the key is not visible, for a 64-key tile at n0 of the context (ctx) or
-// block region: rows A and B of this thread (metadata rowA, rowB), keys n0 + 8j + 2*t4 + e. A warp
-// whose rows all see the whole tile (the common case with sorted blocks) skips the test.
-__device__ __forceinline__ void mask_tile(float (&s)[8][4], int n0, bool ctx, const int4& rowA,
-                                          const int4& rowB, int t4) {
-  const bool full = ctx && n0 >= rowA.x && n0 + kTileK <= rowA.y && n0 >= rowB.x &&
-                    n0 + kTileK <= rowB.y;
-  if (__all_sync(0xffffffffu, full)) return;
-  const int lo_a = ctx ? rowA.x : rowA.z, hi_a = ctx ? rowA.y : rowA.w;
-  const int lo_b = ctx ? rowB.x : rowB.z, hi_b = ctx ? rowB.y : rowB.w;
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int key = n0 + j * 8 + 2 * t4 + e;
-      s[j][e] = (key >= lo_a) & (key < hi_a) ? s[j][e] : -INFINITY;
-      s[j][2 + e] = (key >= lo_b) & (key < hi_b) ? s[j][2 + e] : -INFINITY;
-    }
-  }
-}
-#endif
-
 template <int D>
 struct FwdWgSmem {
   static constexpr int kTile = kTileQ * D * 2;  // == kTileK * D * 2

@@ -280,10 +280,14 @@ TEST_P(KernelVsReference, MatchesDenseFp32WithinTwiceSdpaError) {
 #endif
 }
 
-// The forward's S = Q K^T with Q from shared memory (variant 4) or as a register operand loaded
-// once per CTA (variant 5, the default): the same bf16 operands into the same wgmma k-steps, so O
-// and LSE must be bit-identical; a wrong fragment layout or k-step shows up as a difference.
-TEST(KernelForwardVariants, QInRegistersEqualsQInSharedMemoryBitwise) {
+// Forward variants 5 (Q as a register operand of S), 7 and 8 (warp-specialised, two query heads
+// per CTA on a TMA K/V ring; 8 with ping-pong) and dQ variant 6 (warp-specialised) against the
+// one-warpgroup kernels with Q from shared memory (forward 4, dQ 4): the same bf16 operands into the
+// same wgmma k-steps in the same order, so O, LSE and dQ must be bit-identical; a wrong fragment
+// layout, k-step, ring slot or barrier phase shows up as a difference. Both cases pair their heads
+// (even group sizes), so 7, 8 and 6 run their own kernels here; the d64 case has 23 blocks (a ragged
+// last query tile) and unsorted anchors (tiles of different key ranges).
+TEST(KernelForwardVariants, VariantsEqualTheSharedMemoryKernelBitwise) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device or kernel not built";
 #if DFLASH_ATTENTION_KERNEL
   for (const Case& c : {Case{"d128", 2, 8, 2, 40, 16, 700, 128, 2, true, 0.1, false},
@@ -294,21 +298,44 @@ TEST(KernelForwardVariants, QInRegistersEqualsQInSharedMemoryBitwise) {
     const MaskSpec spec = make_spec(c, rng);
     auto [q, k, v, dout] = random_qkv_dout(c, dev);
     const Prepared prep = kernel_prepared(spec, dev);
-    const char* before = std::getenv("DFLASH_ATTN_FWD_VARIANT");  // restored after each run, so
-    const std::string saved = before ? before : "";                 // that a suite run with a
-    auto run = [&](const char* variant) {                           // variant set keeps it
-      setenv("DFLASH_ATTN_FWD_VARIANT", variant, 1);
-      at::Tensor lse;
-      Grads g = kernel_raw(q, k, v, prep.kernel_meta, dout, &lse);
-      if (before) setenv("DFLASH_ATTN_FWD_VARIANT", saved.c_str(), 1);
-      else unsetenv("DFLASH_ATTN_FWD_VARIANT");
-      return std::make_pair(g.o, lse);
+    struct Run {
+      at::Tensor o, lse, dq;
     };
-    auto [o5, lse5] = run("5");
-    auto [o4, lse4] = run("4");
-    ASSERT_FALSE(has_nan(o5)) << c.name << ": NaN (or unwritten element) with Q in registers";
-    EXPECT_TRUE(at::equal(o5, o4)) << c.name << ": O, max diff " << (o5 - o4).abs().max().item<float>();
-    EXPECT_TRUE(at::equal(lse5, lse4)) << c.name << ": LSE";
+    auto run = [&](const char* fwd, const char* dq) {  // restores the variables after each run, so
+      const char* names[2] = {"DFLASH_ATTN_FWD_VARIANT", "DFLASH_ATTN_DQ_VARIANT"};  // that a suite
+      const char* values[2] = {fwd, dq};                                              // run with a
+      std::string saved[2];                                                           // variant set
+      bool had[2];                                                                    // keeps it
+      for (int i = 0; i < 2; ++i) {
+        const char* e = std::getenv(names[i]);
+        had[i] = e != nullptr;
+        saved[i] = e ? e : "";
+        setenv(names[i], values[i], 1);
+      }
+      Run r;
+      Grads g = kernel_raw(q, k, v, prep.kernel_meta, dout, &r.lse);
+      for (int i = 0; i < 2; ++i) {
+        if (had[i]) setenv(names[i], saved[i].c_str(), 1);
+        else unsetenv(names[i]);
+      }
+      r.o = g.o;
+      r.dq = g.dq;
+      return r;
+    };
+    const Run ref = run("4", "4");
+    ASSERT_FALSE(has_nan(ref.o)) << c.name;
+    for (auto [fwd, dq] : {std::pair{"5", "4"}, std::pair{"7", "6"}, std::pair{"8", "6"}}) {
+      const int64_t ws_before = ws_launch_count();
+      const Run r = run(fwd, dq);
+      if (fwd[0] != '5')
+        EXPECT_EQ(ws_launch_count() - ws_before, 2) << c.name << ": the warp-specialised forward and dQ pass did not both run";
+      const std::string what = std::string(c.name) + ", forward variant " + fwd + ", dQ variant " + dq;
+      ASSERT_FALSE(has_nan(r.o)) << what << ": NaN (or unwritten element) in O";
+      ASSERT_FALSE(has_nan(r.dq)) << what << ": NaN (or unwritten element) in dQ";
+      EXPECT_TRUE(at::equal(r.o, ref.o)) << what << ": O, max diff " << (r.o - ref.o).abs().max().item<float>();
+      EXPECT_TRUE(at::equal(r.lse, ref.lse)) << what << ": LSE";
+      EXPECT_TRUE(at::equal(r.dq, ref.dq)) << what << ": dQ, max diff " << (r.dq - ref.dq).abs().max().item<float>();
+    }
   }
 #endif
 }

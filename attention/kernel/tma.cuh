@@ -1,0 +1,83 @@
+// Hopper (sm_90a) tensor-memory-accelerator tile loads, mbarriers and named barriers for the
+// warp-specialised DFlash attention kernels (ws_sm90.cu). Compiled to nothing on other
+// architectures (callers must not reach them there).
+//
+// A [64 rows][D] bf16 tile arrives as D/64 boxes of 64 columns x 64 rows in the 128-byte swizzle,
+// which is the swz_w layout of wgmma.cuh (column block c at byte c * 8192 of the tile, 1024-byte
+// aligned); rows outside the tensor arrive as zeros.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "attention/kernel/wgmma.cuh"
+
+namespace dflash::attention::dev {
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+#ifdef DFLASH_WGMMA
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+#endif
+}
+// After the inits, before the block barrier that publishes them (to the TMA unit too).
+__device__ __forceinline__ void fence_mbar_init() {
+#ifdef DFLASH_WGMMA
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+// This thread's arrival, with `bytes` more expected from asynchronous copies in this phase.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+#ifdef DFLASH_WGMMA
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+#endif
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+#ifdef DFLASH_WGMMA
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+#endif
+}
+// Whether the phase of parity `parity` has completed. The wait loops in C++, not inside the asm:
+// a branch hidden in asm leaves the compiler unaware that lanes may leave the loop at different
+// times, and the warp must be converged again at the next .aligned wgmma instruction.
+__device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done = 1;
+#ifdef DFLASH_WGMMA
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(done)
+      : "r"(bar), "r"(parity)
+      : "memory");
+#endif
+  return done != 0;
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  while (!mbar_try_wait(bar, parity)) {
+  }
+}
+// 4-d tensor-map box (c0 innermost) into this CTA's shared memory at `dst`, completing on `bar`.
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2, int c3,
+                                            uint32_t bar) {
+#ifdef DFLASH_WGMMA
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3, %4, %5}], [%6];" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+#endif
+}
+// Rows [r0, r0 + 64) of matrix (c2, c3) of a (D, rows, c2, c3) map into a 64-row swz_w tile.
+template <int D>
+__device__ __forceinline__ void tma_tile(uint32_t dst, const CUtensorMap* map, int r0, int c2, int c3, uint32_t bar) {
+#pragma unroll
+  for (int c = 0; c < D / 64; ++c) tma_load_4d(dst + c * (64 * 128), map, c * 64, r0, c2, c3, bar);
+}
+// Named barrier `id` (1..15) over `threads` threads: wait for them, or only count this warp in.
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+}  // namespace dflash::attention::dev

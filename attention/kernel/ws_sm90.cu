@@ -1,0 +1,456 @@
+// Warp-specialised forward and dQ pass of the DFlash attention (Hopper, sm_90a): forward variant
+// 7 (8: the same with ping-pong between the consumers) and dQ variant 6.
+//
+// One CTA per (64-row query tile, pair of query heads 2i and 2i+1 of one KV head), 288 threads:
+//   warps 0-3, 4-7  two consumer warpgroups, one query head each, each the schedule of the
+//                   one-warpgroup kernels in fwd_sm90.cu (forward variant 5, dQ variant 4);
+//   warp 8          the producer: one thread issues the TMA loads of Q (and dO) for both heads and
+//                   of each K/V tile into a ring of kStages buffers.
+// Both heads walk the same key tiles (one KV head, one query tile, one mask), so each K/V tile comes
+// from L2 once per pair of heads instead of once per head (kernel/NOTES.md: the one-warpgroup
+// forward and dQ pass are bound by L2 bandwidth). The consumers are tied to the producer only by
+// the ring's mbarriers ("full": the tile has landed; "empty": its 8 consumer warps are done with it),
+// so that they may run up to kStages - 1 tiles apart; no block-wide barrier after the start.
+// PINGPONG (forward variant 8): named barriers make the two warpgroups take turns to issue their
+// products, so that one's softmax runs while the other's products occupy the tensor cores.
+// Results are bit-identical to the one-warpgroup kernels (same operands, same k-step order).
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>
+
+#include <atomic>
+#include <cstdint>
+
+#include "attention/kernel.h"
+#include "attention/kernel/common.cuh"
+#include "attention/kernel/tma.cuh"
+#include "attention/kernel/wgmma.cuh"
+#include "core/launch_check.h"
+
+namespace dflash::attention {
+namespace {
+
+using bf16 = __nv_bfloat16;
+using namespace dev;
+
+constexpr int kStages = 4;
+constexpr int kConsumerThreads = 256;
+constexpr int kWsThreads = kConsumerThreads + 32;
+
+struct WsMaps {
+  CUtensorMap q, k, v, dout;  // [B, H, rows, D] as 4-d (D, rows, H, B), boxes of 64 x 64
+};
+
+// Shared memory: NQ per-head tiles (Q for 2 heads; dQ pass: Q and dO for 2 heads), then the ring
+// (K, V per stage), then the mbarriers: full[kStages], empty[kStages], one for the per-head tiles.
+template <int D, int NQ>
+struct WsSmem {
+  static constexpr int kTile = kTileQ * D * 2;  // == kTileK * D * 2
+  static constexpr int kRing = NQ * kTile;
+  static constexpr int kBars = kRing + 2 * kStages * kTile;
+  static constexpr int kBytes = 1024 + kBars + 8 * (2 * kStages + 1);
+};
+
+template <int D>
+__device__ __forceinline__ void wgmma_pv(float (&o)[D / 8][4], const uint32_t (&a)[4], uint64_t db) {
+  if constexpr (D == 128) wgmma_rs_n128_tb(o, a, db, 1);
+  else wgmma_rs_n64_tb(o, a, db, 1);
+}
+
+// The producer thread: the per-head tiles (nq maps, head h0 and h0 + 1 each) on the last barrier,
+// then K and V of every key tile through the ring.
+template <int D, int NQ, typename TileStart>
+__device__ __forceinline__ void produce(const WsMaps& maps, uint32_t base, int m0, int h0, int hk, int b,
+                                        int ntiles, TileStart tile_start) {
+  using S = WsSmem<D, NQ>;
+  const uint32_t bars = base + S::kBars;
+  const uint32_t qbar = bars + 16 * kStages;
+  mbar_arrive_expect_tx(qbar, NQ * S::kTile);
+#pragma unroll
+  for (int i = 0; i < NQ; ++i)
+    tma_tile<D>(base + i * S::kTile, i < 2 ? &maps.q : &maps.dout, m0, h0 + (i & 1), b, qbar);
+  for (int t = 0; t < ntiles; ++t) {
+    const int st = t % kStages;
+    if (t >= kStages) mbar_wait(bars + 8 * (kStages + st), (t / kStages - 1) & 1);
+    const uint32_t full = bars + 8 * st, sK = base + S::kRing + 2 * st * S::kTile;
+    mbar_arrive_expect_tx(full, 2 * S::kTile);
+    const int n0 = tile_start(t);
+    tma_tile<D>(sK, &maps.k, n0, hk, b, full);
+    tma_tile<D>(sK + S::kTile, &maps.v, n0, hk, b, full);
+  }
+}
+
+template <int D, int NQ>
+__device__ __forceinline__ void init_bars(uint32_t base, int tid) {
+  using S = WsSmem<D, NQ>;
+  const uint32_t bars = base + S::kBars;
+  if (tid == 0) {
+    for (int i = 0; i < kStages; ++i) {
+      mbar_init(bars + 8 * i, 1);                         // full: the producer's expect_tx
+      mbar_init(bars + 8 * (kStages + i), 8);             // empty: one arrival per consumer warp
+    }
+    mbar_init(bars + 16 * kStages, 1);
+    fence_mbar_init();
+  }
+  __syncthreads();
+}
+
+template <int D, bool PINGPONG>
+__global__ void __maxnreg__(224) attn_fwd_ws_kernel(const AttnParams p, const __grid_constant__ WsMaps maps) {
+#ifdef DFLASH_WGMMA
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  using S = WsSmem<D, 2>;
+  const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int nqt = p.meta.nqt;
+  const int qt = nqt - 1 - (int)blockIdx.x;  // heavy (late-anchor) tiles first when sorted
+  const int h0 = 2 * blockIdx.y, b = blockIdx.z;
+  const int hk = h0 / (p.Hq / p.Hkv);
+  const int m0 = qt * kTileQ;
+  const int4 tq = reinterpret_cast<const int4*>(p.meta.qtiles)[(int64_t)b * nqt + qt];
+  const int n1 = tq.y > tq.x ? (tq.y - tq.x + kTileK - 1) / kTileK : 0;
+  const int n2 = tq.w > tq.z ? (tq.w - tq.z + kTileK - 1) / kTileK : 0;
+  const int ntiles = n1 + n2;
+  auto tile_start = [&](int t) { return t < n1 ? tq.x + t * kTileK : tq.z + (t - n1) * kTileK; };
+  const uint32_t bars = base + S::kBars;
+  init_bars<D, 2>(base, tid);
+
+  if (warp == 8) {
+    if (lane == 0) produce<D, 2>(maps, base, m0, h0, hk, b, ntiles, tile_start);
+    __syncwarp();
+    return;
+  }
+
+  // Consumer warpgroup wg: query head h0 + wg; its warp w holds rows 16w .. 16w + 15 of the tile.
+  // Iteration t issues S(t) = Q K(t)^T and O += P(t-1) V(t-1) (fwd_sm90.cu's variant 5), and
+  // returns tile t-1's buffer to the producer once P(t-1) V(t-1) has retired.
+  const int wg = warp >> 2, w = warp & 3;
+  const int h = h0 + wg;
+  const uint32_t sQ = base + wg * S::kTile;
+  auto sK = [&](int t) { return base + S::kRing + 2 * (t % kStages) * S::kTile; };
+  const int g = lane >> 2, t4 = lane & 3;
+  const int ra = m0 + w * 16 + g, rb = ra + 8;
+  const int4* rows = reinterpret_cast<const int4*>(p.meta.rows) + (int64_t)b * nqt * kTileQ;
+  const int4 rowA = rows[ra], rowB = rows[rb];
+  const float sl2 = p.scale * kLog2e;
+  float o[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float mA = -INFINITY, mB = -INFINITY, lA = 0.f, lB = 0.f;
+  uint32_t pa[4][4];
+  uint32_t qa[D / 16][4];
+  mbar_wait(bars + 16 * kStages, 0);  // Q has landed
+  // Converged again before the fragments are loaded: register A operands defined where ptxas cannot
+  // prove the warp converged (after the wait loop) make it serialise every wgmma (seen in SASS).
+  __syncwarp();
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) load_a_w<kTileQ>(sQ, w, ks, lane, qa[ks]);
+  // Ping-pong: warpgroup wg issues after `bar.sync 1 + wg` and lets the other one go with
+  // `bar.arrive 2 - wg`; warpgroup 1 starts by letting warpgroup 0 go first.
+  if (PINGPONG && wg == 1 && ntiles > 0) named_arrive(1, kConsumerThreads);
+
+  for (int t = 0; t < ntiles; ++t) {
+    const uint32_t k_t = sK(t);
+    mbar_wait(bars + 8 * (t % kStages), (t / kStages) & 1);
+    const int n0 = tile_start(t);
+    const bool ctx = t < n1;
+    if (PINGPONG) named_sync(1 + wg, kConsumerThreads);
+    float s[8][4];
+    wg_fence();
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) wgmma_rs_n64_kb(s, qa[ks], desc_k<kTileK>(k_t, ks), ks > 0);
+    wg_commit();
+    if (t > 0) {
+      reg_fence(o);
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) wgmma_pv<D>(o, pa[kk], desc_mn<kTileK>(sK(t - 1) + S::kTile, kk));
+      wg_commit();
+      if (PINGPONG) named_arrive(2 - wg, kConsumerThreads);
+      wg_wait<1>();
+    } else {
+      if (PINGPONG) named_arrive(2 - wg, kConsumerThreads);
+      wg_wait<0>();
+    }
+    reg_fence(s);
+
+    mask_tile(s, n0, ctx, rowA, rowB, t4);
+    float mxA = mA, mxB = mB;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      mxA = fmaxf(mxA, fmaxf(s[j][0], s[j][1]));
+      mxB = fmaxf(mxB, fmaxf(s[j][2], s[j][3]));
+    }
+    mxA = fmaxf(mxA, __shfl_xor_sync(0xffffffffu, mxA, 1));
+    mxA = fmaxf(mxA, __shfl_xor_sync(0xffffffffu, mxA, 2));
+    mxB = fmaxf(mxB, __shfl_xor_sync(0xffffffffu, mxB, 1));
+    mxB = fmaxf(mxB, __shfl_xor_sync(0xffffffffu, mxB, 2));
+    const float uA = mxA == -INFINITY ? 0.f : mxA * sl2;
+    const float uB = mxB == -INFINITY ? 0.f : mxB * sl2;
+    const float cA = mxA == mA ? 1.f : ex2(mA * sl2 - uA);
+    const float cB = mxB == mB ? 1.f : ex2(mB * sl2 - uB);
+    const bool keep_o = __all_sync(0xffffffffu, mxA == mA && mxB == mB);
+    mA = mxA;
+    mB = mxB;
+    lA *= cA;
+    lB *= cB;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      s[j][0] = ex2(s[j][0] * sl2 - uA);
+      s[j][1] = ex2(s[j][1] * sl2 - uA);
+      s[j][2] = ex2(s[j][2] * sl2 - uB);
+      s[j][3] = ex2(s[j][3] * sl2 - uB);
+      lA += s[j][0] + s[j][1];
+      lB += s[j][2] + s[j][3];
+    }
+    uint32_t pn[4][4];
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) acc_to_a(s[2 * kk], s[2 * kk + 1], pn[kk]);
+    wg_wait<0>();  // P(t-1) V(t-1) done: tile t-1's buffer goes back to the producer
+    reg_fence(o);
+    reg_fence_a(pa);
+    if (t > 0 && lane == 0) mbar_arrive(bars + 8 * (kStages + (t - 1) % kStages));
+    if (!keep_o) {
+#pragma unroll
+      for (int i = 0; i < D / 8; ++i) {
+        o[i][0] *= cA;
+        o[i][1] *= cA;
+        o[i][2] *= cB;
+        o[i][3] *= cB;
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+      for (int r = 0; r < 4; ++r) pa[kk][r] = pn[kk][r];
+  }
+  if (PINGPONG && wg == 0 && ntiles > 0) named_sync(1, kConsumerThreads);  // warpgroup 1's last arrival
+  if (ntiles > 0) {
+    reg_fence(o);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wgmma_pv<D>(o, pa[kk], desc_mn<kTileK>(sK(ntiles - 1) + S::kTile, kk));
+    wg_commit();
+    wg_wait<0>();
+    reg_fence(o);
+    reg_fence_a(pa);
+  }
+
+  lA += __shfl_xor_sync(0xffffffffu, lA, 1);
+  lA += __shfl_xor_sync(0xffffffffu, lA, 2);
+  lB += __shfl_xor_sync(0xffffffffu, lB, 1);
+  lB += __shfl_xor_sync(0xffffffffu, lB, 2);
+  const float iA = lA > 0.f ? 1.f / lA : 0.f, iB = lB > 0.f ? 1.f / lB : 0.f;
+  bf16* out = static_cast<bf16*>(p.o) + b * p.o_sb + h * p.o_sh;
+  float* lse = p.lse + ((int64_t)b * p.Hq + h) * p.q_len;
+  if (ra < p.q_len) {
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i)
+      store_bf16x2(out + (int64_t)ra * p.o_sr + i * 8 + 2 * t4, o[i][0] * iA, o[i][1] * iA);
+    if (t4 == 0) lse[ra] = lA > 0.f ? (mA * sl2 + __log2f(lA)) * kLn2 : -INFINITY;
+  }
+  if (rb < p.q_len) {
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i)
+      store_bf16x2(out + (int64_t)rb * p.o_sr + i * 8 + 2 * t4, o[i][2] * iB, o[i][3] * iB);
+    if (t4 == 0) lse[rb] = lB > 0.f ? (mB * sl2 + __log2f(lB)) * kLn2 : -INFINITY;
+  }
+#endif
+}
+
+// dQ pass: consumer warpgroup wg computes dQ of head h0 + wg with dQ variant 4's schedule: per key
+// tile t, S(t) = Q K^T and dP(t) = dO V^T as two groups; the first wait retires S(t) and dQ(t-1)
+// (tile t-1's last reader: its buffer goes back to the producer); P on the CUDA cores while dP(t)
+// runs; dQ += dS K(t) runs on into tile t+1.
+template <int D>
+__global__ void __maxnreg__(224) attn_dq_ws_kernel(const AttnParams p, const __grid_constant__ WsMaps maps) {
+#ifdef DFLASH_WGMMA
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  using S = WsSmem<D, 4>;
+  const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int nqt = p.meta.nqt;
+  const int qt = nqt - 1 - (int)blockIdx.x;
+  const int h0 = 2 * blockIdx.y, b = blockIdx.z;
+  const int hk = h0 / (p.Hq / p.Hkv);
+  const int m0 = qt * kTileQ;
+  const int4 tq = reinterpret_cast<const int4*>(p.meta.qtiles)[(int64_t)b * nqt + qt];
+  const int n1 = tq.y > tq.x ? (tq.y - tq.x + kTileK - 1) / kTileK : 0;
+  const int n2 = tq.w > tq.z ? (tq.w - tq.z + kTileK - 1) / kTileK : 0;
+  const int ntiles = n1 + n2;
+  auto tile_start = [&](int t) { return t < n1 ? tq.x + t * kTileK : tq.z + (t - n1) * kTileK; };
+  const uint32_t bars = base + S::kBars;
+  init_bars<D, 4>(base, tid);
+
+  if (warp == 8) {
+    if (lane == 0) produce<D, 4>(maps, base, m0, h0, hk, b, ntiles, tile_start);
+    __syncwarp();
+    return;
+  }
+
+  const int wg = warp >> 2, w = warp & 3;
+  const int h = h0 + wg;
+  const uint32_t sQ = base + wg * S::kTile, sdO = base + (2 + wg) * S::kTile;
+  auto sK = [&](int t) { return base + S::kRing + 2 * (t % kStages) * S::kTile; };
+  const int g = lane >> 2, t4 = lane & 3;
+  const int ra = m0 + w * 16 + g, rb = ra + 8;
+  const int4* rows = reinterpret_cast<const int4*>(p.meta.rows) + (int64_t)b * nqt * kTileQ;
+  const int4 rowA = rows[ra], rowB = rows[rb];
+  const float* lse = p.lse + ((int64_t)b * p.Hq + h) * p.q_len;
+  const float* delta = p.delta + ((int64_t)b * p.Hq + h) * p.q_len;
+  const float lseA = ra < p.q_len ? lse[ra] : 0.f, lseB = rb < p.q_len ? lse[rb] : 0.f;
+  const float lA = lseA == -INFINITY ? INFINITY : lseA * kLog2e;
+  const float lB = lseB == -INFINITY ? INFINITY : lseB * kLog2e;
+  const float dA = ra < p.q_len ? delta[ra] : 0.f, dB = rb < p.q_len ? delta[rb] : 0.f;
+  const float sl2 = p.scale * kLog2e;
+
+  float dq[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
+  mbar_wait(bars + 16 * kStages, 0);
+
+  uint32_t da[4][4];
+  for (int t = 0; t < ntiles; ++t) {
+    const uint32_t k_t = sK(t), v_t = k_t + S::kTile;
+    mbar_wait(bars + 8 * (t % kStages), (t / kStages) & 1);
+    const int n0 = tile_start(t);
+    const bool ctx = t < n1;
+    float s[8][4], dp[8][4];
+    wg_fence();
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) wgmma_ss_n64(s, desc_k<kTileQ>(sQ, ks), desc_k<kTileK>(k_t, ks), ks > 0);
+    wg_commit();
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) wgmma_ss_n64(dp, desc_k<kTileQ>(sdO, ks), desc_k<kTileK>(v_t, ks), ks > 0);
+    wg_commit();
+    wg_wait<1>();
+    reg_fence(s);
+    reg_fence(dq);
+    reg_fence_a(da);
+    if (t > 0 && lane == 0) mbar_arrive(bars + 8 * (kStages + (t - 1) % kStages));
+
+    mask_tile(s, n0, ctx, rowA, rowB, t4);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      s[j][0] = ex2(fmaf(s[j][0], sl2, -lA));
+      s[j][1] = ex2(fmaf(s[j][1], sl2, -lA));
+      s[j][2] = ex2(fmaf(s[j][2], sl2, -lB));
+      s[j][3] = ex2(fmaf(s[j][3], sl2, -lB));
+    }
+    wg_wait<0>();
+    reg_fence(dp);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      s[j][0] *= dp[j][0] - dA;
+      s[j][1] *= dp[j][1] - dA;
+      s[j][2] *= dp[j][2] - dB;
+      s[j][3] *= dp[j][3] - dB;
+    }
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) acc_to_a(s[2 * kk], s[2 * kk + 1], da[kk]);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wgmma_pv<D>(dq, da[kk], desc_mn<kTileK>(k_t, kk));
+    wg_commit();
+  }
+  wg_wait<0>();
+  reg_fence(dq);
+  reg_fence_a(da);
+
+  bf16* dqo = static_cast<bf16*>(p.dq) + b * p.dq_sb + h * p.dq_sh;
+  if (ra < p.q_len) {
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i)
+      store_bf16x2(dqo + (int64_t)ra * p.dq_sr + i * 8 + 2 * t4, dq[i][0] * p.scale, dq[i][1] * p.scale);
+  }
+  if (rb < p.q_len) {
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i)
+      store_bf16x2(dqo + (int64_t)rb * p.dq_sr + i * 8 + 2 * t4, dq[i][2] * p.scale, dq[i][3] * p.scale);
+  }
+#endif
+}
+
+// The driver's cuTensorMapEncodeTiled, found once through the runtime (no libcuda link); null when
+// the driver lacks it.
+PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
+  static const PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      f = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+// [B, H, rows, D] bf16 with element strides (sb, sh, sr) as the 4-d map (D, rows, H, B), boxes of
+// 64 columns x 64 rows in the 128-byte swizzle; false where TMA cannot describe the tensor (the
+// caller then runs the one-warpgroup kernel).
+bool tile_map(CUtensorMap* m, const void* ptr, int64_t B, int64_t H, int64_t rows, int D, int64_t sb, int64_t sh,
+              int64_t sr) {
+  auto ok16 = [](int64_t elems) { return elems > 0 && (elems * 2) % 16 == 0; };
+  if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0 || !ok16(sr) || (H > 1 && !ok16(sh)) || (B > 1 && !ok16(sb)))
+    return false;
+  const auto enc = encode_tiled();
+  if (!enc) return false;
+  const cuuint64_t dims[4] = {(cuuint64_t)D, (cuuint64_t)rows, (cuuint64_t)H, (cuuint64_t)B};
+  // a size-1 dimension's stride is never used; any valid one (a multiple of 16 bytes) will do
+  const cuuint64_t strides[3] = {(cuuint64_t)sr * 2, (cuuint64_t)(H > 1 ? sh : sr) * 2,
+                                 (cuuint64_t)(B > 1 ? sb : sr) * 2};
+  const cuuint32_t box[4] = {64, 64, 1, 1}, estr[4] = {1, 1, 1, 1};
+  return enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(ptr), dims, strides, box, estr,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// The pair-of-heads kernels need an even number of query heads per KV head.
+bool ws_maps(const AttnParams& p, bool dq_pass, WsMaps* maps) {
+  if (p.Hkv <= 0 || p.Hq % p.Hkv != 0 || (p.Hq / p.Hkv) % 2 != 0) return false;
+  bool ok = tile_map(&maps->q, p.q, p.B, p.Hq, p.q_len, p.d, p.q_sb, p.q_sh, p.q_sr) &&
+            tile_map(&maps->k, p.k, p.B, p.Hkv, p.kv_len, p.d, p.k_sb, p.k_sh, p.k_sr) &&
+            tile_map(&maps->v, p.v, p.B, p.Hkv, p.kv_len, p.d, p.v_sb, p.v_sh, p.v_sr);
+  if (dq_pass) ok = ok && tile_map(&maps->dout, p.dout, p.B, p.Hq, p.q_len, p.d, p.do_sb, p.do_sh, p.do_sr);
+  return ok;
+}
+
+std::atomic<int64_t> g_ws_launches{0};
+
+template <typename Kern>
+void launch(Kern kern, int smem, const AttnParams& p, const WsMaps& maps, cudaStream_t s, const char* what) {
+  cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  kern<<<dim3(p.meta.nqt, p.Hq / 2, p.B), kWsThreads, smem, s>>>(p, maps);
+  DFLASH_CHECK_LAUNCH(what);
+  g_ws_launches.fetch_add(1, std::memory_order_relaxed);
+}
+
+}  // namespace
+
+int64_t ws_launch_count() { return g_ws_launches.load(std::memory_order_relaxed); }
+
+bool launch_fwd_ws(const AttnParams& p, bool pingpong, void* stream) {
+  WsMaps maps{};
+  if (!ws_maps(p, false, &maps)) return false;
+  auto s = static_cast<cudaStream_t>(stream);
+  const char* what = "attention forward (warp-specialised)";
+  if (p.d == 128) {
+    pingpong ? launch(attn_fwd_ws_kernel<128, true>, WsSmem<128, 2>::kBytes, p, maps, s, what)
+             : launch(attn_fwd_ws_kernel<128, false>, WsSmem<128, 2>::kBytes, p, maps, s, what);
+  } else {
+    pingpong ? launch(attn_fwd_ws_kernel<64, true>, WsSmem<64, 2>::kBytes, p, maps, s, what)
+             : launch(attn_fwd_ws_kernel<64, false>, WsSmem<64, 2>::kBytes, p, maps, s, what);
+  }
+  return true;
+}
+
+bool launch_dq_ws(const AttnParams& p, void* stream) {
+  WsMaps maps{};
+  if (!ws_maps(p, true, &maps)) return false;
+  auto s = static_cast<cudaStream_t>(stream);
+  const char* what = "attention backward dq (warp-specialised)";
+  if (p.d == 128) launch(attn_dq_ws_kernel<128>, WsSmem<128, 4>::kBytes, p, maps, s, what);
+  else launch(attn_dq_ws_kernel<64>, WsSmem<64, 4>::kBytes, p, maps, s, what);
+  return true;
+}
+
+}  // namespace dflash::attention
