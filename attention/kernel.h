@@ -110,7 +110,7 @@ void launch_attn_bwd(const AttnParams& p, void* stream);  // delta, then dQ, the
 // chosen with DFLASH_ATTN_FWD_VARIANT / DFLASH_ATTN_DQ_VARIANT / DFLASH_ATTN_DKV_VARIANT
 // (benchmarks only; the defaults are the measured best, see attention/kernel/NOTES.md).
 void launch_attn_bwd_stage(const AttnParams& p, int stage, void* stream);
-// Launches of the warp-specialised kernels (forward variants 7/8, dQ variant 6) so far in this
+// Launches of the two-head kernels (forward variants 7/8, dQ variant 6) so far in this
 // process: how a test tells them from the fallback they take where the heads cannot be paired.
 int64_t ws_launch_count();
 

@@ -1,5 +1,5 @@
-// Hopper (sm_90a) tensor-memory-accelerator tile loads, mbarriers and named barriers for the
-// warp-specialised DFlash attention kernels (ws_sm90.cu). Compiled to nothing on other
+// Hopper (sm_90a) tensor-memory-accelerator tile loads, mbarriers, shared atomics and named barriers for the
+// two-head DFlash attention kernels (ws_sm90.cu). Compiled to nothing on other
 // architectures (callers must not reach them there).
 //
 // A [64 rows][D] bf16 tile arrives as D/64 boxes of 64 columns x 64 rows in the 128-byte swizzle,
@@ -71,6 +71,17 @@ template <int D>
 __device__ __forceinline__ void tma_tile(uint32_t dst, const CUtensorMap* map, int r0, int c2, int c3, uint32_t bar) {
 #pragma unroll
   for (int c = 0; c < D / 64; ++c) tma_load_4d(dst + c * (64 * 128), map, c * 64, r0, c2, c3, bar);
+}
+__device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
+  asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");
+}
+// Atomic add on a shared-memory word with acquire-release semantics at CTA scope; the old value.
+__device__ __forceinline__ uint32_t atom_add_acq_rel_shared(uint32_t addr, uint32_t v) {
+  uint32_t old = 0;
+#ifdef DFLASH_WGMMA
+  asm volatile("atom.acq_rel.cta.shared::cta.add.u32 %0, [%1], %2;" : "=r"(old) : "r"(addr), "r"(v) : "memory");
+#endif
+  return old;
 }
 // Named barrier `id` (1..15) over `threads` threads: wait for them, or only count this warp in.
 __device__ __forceinline__ void named_sync(int id, int threads) {

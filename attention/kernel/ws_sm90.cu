@@ -1,16 +1,17 @@
-// Warp-specialised forward and dQ pass of the DFlash attention (Hopper, sm_90a): forward variant
+// Forward and dQ pass of the DFlash attention with two query heads per CTA on a TMA K/V ring (Hopper, sm_90a): forward variant
 // 7 (8: the same with ping-pong between the consumers) and dQ variant 6.
 //
-// One CTA per (64-row query tile, pair of query heads 2i and 2i+1 of one KV head), 288 threads:
-//   warps 0-3, 4-7  two consumer warpgroups, one query head each, each the schedule of the
-//                   one-warpgroup kernels in fwd_sm90.cu (forward variant 5, dQ variant 4);
-//   warp 8          the producer: one thread issues the TMA loads of Q (and dO) for both heads and
-//                   of each K/V tile into a ring of kStages buffers.
-// Both heads walk the same key tiles (one KV head, one query tile, one mask), so each K/V tile comes
-// from L2 once per pair of heads instead of once per head (kernel/NOTES.md: the one-warpgroup
-// forward and dQ pass are bound by L2 bandwidth). The consumers are tied to the producer only by
-// the ring's mbarriers ("full": the tile has landed; "empty": its 8 consumer warps are done with it),
-// so that they may run up to kStages - 1 tiles apart; no block-wide barrier after the start.
+// One CTA per (64-row query tile, pair of query heads 2i and 2i+1 of one KV head), two warpgroups
+// (256 threads), warpgroup wg computing head 2i + wg with the schedule of the one-warpgroup kernels
+// in fwd_sm90.cu (forward variant 5, dQ variant 4). Both heads walk the same key tiles (one KV head,
+// one query tile, one mask), so each K/V tile comes from L2 once per pair of heads instead of once
+// per head (kernel/NOTES.md: the one-warpgroup forward and dQ pass are bound by L2 bandwidth). The
+// tiles arrive by TMA in a ring of kStages buffers, each with a "full" mbarrier; a warp done with a
+// buffer counts itself out on a shared counter, and the warp that completes the count (the 8th)
+// issues the buffer's next tile at once. No producer warp: a ninth warp would put three warps on
+// one SM quadrant, whose 16K registers then cap every thread at 168 (the forward needs ~175; the
+// launch fails with "too many resources" above that). No block-wide barrier after the start, so
+// the warpgroups may run up to kStages - 1 tiles apart.
 // PINGPONG (forward variant 8): named barriers make the two warpgroups take turns to issue their
 // products, so that one's softmax runs while the other's products occupy the tensor cores.
 // Results are bit-identical to the one-warpgroup kernels (same operands, same k-step order).
@@ -34,21 +35,22 @@ using bf16 = __nv_bfloat16;
 using namespace dev;
 
 constexpr int kStages = 4;
-constexpr int kConsumerThreads = 256;
-constexpr int kWsThreads = kConsumerThreads + 32;
+constexpr int kWsThreads = 256;
 
 struct WsMaps {
   CUtensorMap q, k, v, dout;  // [B, H, rows, D] as 4-d (D, rows, H, B), boxes of 64 x 64
 };
 
 // Shared memory: NQ per-head tiles (Q for 2 heads; dQ pass: Q and dO for 2 heads), then the ring
-// (K, V per stage), then the mbarriers: full[kStages], empty[kStages], one for the per-head tiles.
+// (K, V per stage), then the mbarriers full[kStages] and one for the per-head tiles, then the
+// per-stage release counters.
 template <int D, int NQ>
 struct WsSmem {
   static constexpr int kTile = kTileQ * D * 2;  // == kTileK * D * 2
   static constexpr int kRing = NQ * kTile;
   static constexpr int kBars = kRing + 2 * kStages * kTile;
-  static constexpr int kBytes = 1024 + kBars + 8 * (2 * kStages + 1);
+  static constexpr int kCounts = kBars + 8 * (kStages + 1);
+  static constexpr int kBytes = 1024 + kCounts + 4 * kStages;
 };
 
 template <int D>
@@ -57,46 +59,59 @@ __device__ __forceinline__ void wgmma_pv(float (&o)[D / 8][4], const uint32_t (&
   else wgmma_rs_n64_tb(o, a, db, 1);
 }
 
-// The producer thread: the per-head tiles (nq maps, head h0 and h0 + 1 each) on the last barrier,
-// then K and V of every key tile through the ring.
-template <int D, int NQ, typename TileStart>
-__device__ __forceinline__ void produce(const WsMaps& maps, uint32_t base, int m0, int h0, int hk, int b,
-                                        int ntiles, TileStart tile_start) {
+// K and V of key tile t (first key n0) into ring buffer t % kStages (one thread).
+template <int D, int NQ>
+__device__ __forceinline__ void load_kv(const WsMaps& maps, uint32_t base, int t, int n0, int hk, int b) {
   using S = WsSmem<D, NQ>;
-  const uint32_t bars = base + S::kBars;
-  const uint32_t qbar = bars + 16 * kStages;
-  mbar_arrive_expect_tx(qbar, NQ * S::kTile);
-#pragma unroll
-  for (int i = 0; i < NQ; ++i)
-    tma_tile<D>(base + i * S::kTile, i < 2 ? &maps.q : &maps.dout, m0, h0 + (i & 1), b, qbar);
-  for (int t = 0; t < ntiles; ++t) {
-    const int st = t % kStages;
-    if (t >= kStages) mbar_wait(bars + 8 * (kStages + st), (t / kStages - 1) & 1);
-    const uint32_t full = bars + 8 * st, sK = base + S::kRing + 2 * st * S::kTile;
-    mbar_arrive_expect_tx(full, 2 * S::kTile);
-    const int n0 = tile_start(t);
-    tma_tile<D>(sK, &maps.k, n0, hk, b, full);
-    tma_tile<D>(sK + S::kTile, &maps.v, n0, hk, b, full);
-  }
+  const int st = t % kStages;
+  const uint32_t full = base + S::kBars + 8 * st, sK = base + S::kRing + 2 * st * S::kTile;
+  mbar_arrive_expect_tx(full, 2 * S::kTile);
+  tma_tile<D>(sK, &maps.k, n0, hk, b, full);
+  tma_tile<D>(sK + S::kTile, &maps.v, n0, hk, b, full);
 }
 
-template <int D, int NQ>
-__device__ __forceinline__ void init_bars(uint32_t base, int tid) {
+// Thread 0, at the start: the barriers; the per-head tiles (NQ: Q of heads h0, h0 + 1, then dO of
+// both) on the last barrier; the first kStages key tiles.
+template <int D, int NQ, typename TileStart>
+__device__ __forceinline__ void ws_start(const WsMaps& maps, uint32_t base, int tid, int m0, int h0, int hk, int b,
+                                         int ntiles, TileStart tile_start) {
   using S = WsSmem<D, NQ>;
-  const uint32_t bars = base + S::kBars;
+  const uint32_t bars = base + S::kBars, qbar = bars + 8 * kStages;
   if (tid == 0) {
-    for (int i = 0; i < kStages; ++i) {
-      mbar_init(bars + 8 * i, 1);                         // full: the producer's expect_tx
-      mbar_init(bars + 8 * (kStages + i), 8);             // empty: one arrival per consumer warp
-    }
-    mbar_init(bars + 16 * kStages, 1);
+    for (int i = 0; i < kStages; ++i) mbar_init(bars + 8 * i, 1);  // the loader's expect_tx
+    mbar_init(qbar, 1);
+    for (int i = 0; i < kStages; ++i) st_shared_u32(base + S::kCounts + 4 * i, 0);
     fence_mbar_init();
+    mbar_arrive_expect_tx(qbar, NQ * S::kTile);
+#pragma unroll
+    for (int i = 0; i < NQ; ++i)
+      tma_tile<D>(base + i * S::kTile, i < 2 ? &maps.q : &maps.dout, m0, h0 + (i & 1), b, qbar);
+    for (int t = 0; t < kStages && t < ntiles; ++t) load_kv<D, NQ>(maps, base, t, tile_start(t), hk, b);
   }
   __syncthreads();
 }
 
+// This warp is done with key tile t's buffer (every read of it retired). The 8th warp to say so
+// refills the buffer with tile t + kStages.
+template <int D, int NQ, typename TileStart>
+__device__ __forceinline__ void ws_release(const WsMaps& maps, uint32_t base, int lane, int t, int hk, int b,
+                                           int ntiles, TileStart tile_start) {
+  using S = WsSmem<D, NQ>;
+  if (lane == 0) {
+    const uint32_t cnt = base + S::kCounts + 4 * (t % kStages);
+    if (atom_add_acq_rel_shared(cnt, 1) == 7) {
+      st_shared_u32(cnt, 0);
+      if (t + kStages < ntiles) {
+        fence_proxy_async();
+        load_kv<D, NQ>(maps, base, t + kStages, tile_start(t + kStages), hk, b);
+      }
+    }
+  }
+  __syncwarp();
+}
+
 template <int D, bool PINGPONG>
-__global__ void __maxnreg__(224) attn_fwd_ws_kernel(const AttnParams p, const __grid_constant__ WsMaps maps) {
+__global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_ws_kernel(const AttnParams p, const __grid_constant__ WsMaps maps) {
 #ifdef DFLASH_WGMMA
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   using S = WsSmem<D, 2>;
@@ -113,17 +128,11 @@ __global__ void __maxnreg__(224) attn_fwd_ws_kernel(const AttnParams p, const __
   const int ntiles = n1 + n2;
   auto tile_start = [&](int t) { return t < n1 ? tq.x + t * kTileK : tq.z + (t - n1) * kTileK; };
   const uint32_t bars = base + S::kBars;
-  init_bars<D, 2>(base, tid);
-
-  if (warp == 8) {
-    if (lane == 0) produce<D, 2>(maps, base, m0, h0, hk, b, ntiles, tile_start);
-    __syncwarp();
-    return;
-  }
+  ws_start<D, 2>(maps, base, tid, m0, h0, hk, b, ntiles, tile_start);
 
   // Consumer warpgroup wg: query head h0 + wg; its warp w holds rows 16w .. 16w + 15 of the tile.
   // Iteration t issues S(t) = Q K(t)^T and O += P(t-1) V(t-1) (fwd_sm90.cu's variant 5), and
-  // returns tile t-1's buffer to the producer once P(t-1) V(t-1) has retired.
+  // releases tile t-1's buffer once P(t-1) V(t-1) has retired.
   const int wg = warp >> 2, w = warp & 3;
   const int h = h0 + wg;
   const uint32_t sQ = base + wg * S::kTile;
@@ -139,7 +148,7 @@ __global__ void __maxnreg__(224) attn_fwd_ws_kernel(const AttnParams p, const __
   float mA = -INFINITY, mB = -INFINITY, lA = 0.f, lB = 0.f;
   uint32_t pa[4][4];
   uint32_t qa[D / 16][4];
-  mbar_wait(bars + 16 * kStages, 0);  // Q has landed
+  mbar_wait(bars + 8 * kStages, 0);  // Q has landed
   // Converged again before the fragments are loaded: register A operands defined where ptxas cannot
   // prove the warp converged (after the wait loop) make it serialise every wgmma (seen in SASS).
   __syncwarp();
@@ -147,14 +156,14 @@ __global__ void __maxnreg__(224) attn_fwd_ws_kernel(const AttnParams p, const __
   for (int ks = 0; ks < D / 16; ++ks) load_a_w<kTileQ>(sQ, w, ks, lane, qa[ks]);
   // Ping-pong: warpgroup wg issues after `bar.sync 1 + wg` and lets the other one go with
   // `bar.arrive 2 - wg`; warpgroup 1 starts by letting warpgroup 0 go first.
-  if (PINGPONG && wg == 1 && ntiles > 0) named_arrive(1, kConsumerThreads);
+  if (PINGPONG && wg == 1 && ntiles > 0) named_arrive(1, kWsThreads);
 
   for (int t = 0; t < ntiles; ++t) {
     const uint32_t k_t = sK(t);
     mbar_wait(bars + 8 * (t % kStages), (t / kStages) & 1);
     const int n0 = tile_start(t);
     const bool ctx = t < n1;
-    if (PINGPONG) named_sync(1 + wg, kConsumerThreads);
+    if (PINGPONG) named_sync(1 + wg, kWsThreads);
     float s[8][4];
     wg_fence();
 #pragma unroll
@@ -165,10 +174,10 @@ __global__ void __maxnreg__(224) attn_fwd_ws_kernel(const AttnParams p, const __
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) wgmma_pv<D>(o, pa[kk], desc_mn<kTileK>(sK(t - 1) + S::kTile, kk));
       wg_commit();
-      if (PINGPONG) named_arrive(2 - wg, kConsumerThreads);
+      if (PINGPONG) named_arrive(2 - wg, kWsThreads);
       wg_wait<1>();
     } else {
-      if (PINGPONG) named_arrive(2 - wg, kConsumerThreads);
+      if (PINGPONG) named_arrive(2 - wg, kWsThreads);
       wg_wait<0>();
     }
     reg_fence(s);
@@ -205,10 +214,10 @@ __global__ void __maxnreg__(224) attn_fwd_ws_kernel(const AttnParams p, const __
     uint32_t pn[4][4];
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) acc_to_a(s[2 * kk], s[2 * kk + 1], pn[kk]);
-    wg_wait<0>();  // P(t-1) V(t-1) done: tile t-1's buffer goes back to the producer
+    wg_wait<0>();  // P(t-1) V(t-1) done: tile t-1's buffer is released
     reg_fence(o);
     reg_fence_a(pa);
-    if (t > 0 && lane == 0) mbar_arrive(bars + 8 * (kStages + (t - 1) % kStages));
+    if (t > 0) ws_release<D, 2>(maps, base, lane, t - 1, hk, b, ntiles, tile_start);
     if (!keep_o) {
 #pragma unroll
       for (int i = 0; i < D / 8; ++i) {
@@ -223,7 +232,7 @@ __global__ void __maxnreg__(224) attn_fwd_ws_kernel(const AttnParams p, const __
 #pragma unroll
       for (int r = 0; r < 4; ++r) pa[kk][r] = pn[kk][r];
   }
-  if (PINGPONG && wg == 0 && ntiles > 0) named_sync(1, kConsumerThreads);  // warpgroup 1's last arrival
+  if (PINGPONG && wg == 0 && ntiles > 0) named_sync(1, kWsThreads);  // warpgroup 1's last arrival
   if (ntiles > 0) {
     reg_fence(o);
     wg_fence();
@@ -259,10 +268,10 @@ __global__ void __maxnreg__(224) attn_fwd_ws_kernel(const AttnParams p, const __
 
 // dQ pass: consumer warpgroup wg computes dQ of head h0 + wg with dQ variant 4's schedule: per key
 // tile t, S(t) = Q K^T and dP(t) = dO V^T as two groups; the first wait retires S(t) and dQ(t-1)
-// (tile t-1's last reader: its buffer goes back to the producer); P on the CUDA cores while dP(t)
+// (tile t-1's last reader: its buffer is released); P on the CUDA cores while dP(t)
 // runs; dQ += dS K(t) runs on into tile t+1.
 template <int D>
-__global__ void __maxnreg__(224) attn_dq_ws_kernel(const AttnParams p, const __grid_constant__ WsMaps maps) {
+__global__ void __launch_bounds__(kWsThreads, 1) attn_dq_ws_kernel(const AttnParams p, const __grid_constant__ WsMaps maps) {
 #ifdef DFLASH_WGMMA
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   using S = WsSmem<D, 4>;
@@ -279,13 +288,7 @@ __global__ void __maxnreg__(224) attn_dq_ws_kernel(const AttnParams p, const __g
   const int ntiles = n1 + n2;
   auto tile_start = [&](int t) { return t < n1 ? tq.x + t * kTileK : tq.z + (t - n1) * kTileK; };
   const uint32_t bars = base + S::kBars;
-  init_bars<D, 4>(base, tid);
-
-  if (warp == 8) {
-    if (lane == 0) produce<D, 4>(maps, base, m0, h0, hk, b, ntiles, tile_start);
-    __syncwarp();
-    return;
-  }
+  ws_start<D, 4>(maps, base, tid, m0, h0, hk, b, ntiles, tile_start);
 
   const int wg = warp >> 2, w = warp & 3;
   const int h = h0 + wg;
@@ -306,7 +309,7 @@ __global__ void __maxnreg__(224) attn_dq_ws_kernel(const AttnParams p, const __g
   float dq[D / 8][4];
 #pragma unroll
   for (int i = 0; i < D / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
-  mbar_wait(bars + 16 * kStages, 0);
+  mbar_wait(bars + 8 * kStages, 0);
 
   uint32_t da[4][4];
   for (int t = 0; t < ntiles; ++t) {
@@ -326,7 +329,7 @@ __global__ void __maxnreg__(224) attn_dq_ws_kernel(const AttnParams p, const __g
     reg_fence(s);
     reg_fence(dq);
     reg_fence_a(da);
-    if (t > 0 && lane == 0) mbar_arrive(bars + 8 * (kStages + (t - 1) % kStages));
+    if (t > 0) ws_release<D, 4>(maps, base, lane, t - 1, hk, b, ntiles, tile_start);
 
     mask_tile(s, n0, ctx, rowA, rowB, t4);
 #pragma unroll
@@ -432,7 +435,7 @@ bool launch_fwd_ws(const AttnParams& p, bool pingpong, void* stream) {
   WsMaps maps{};
   if (!ws_maps(p, false, &maps)) return false;
   auto s = static_cast<cudaStream_t>(stream);
-  const char* what = "attention forward (warp-specialised)";
+  const char* what = "attention forward (two heads per CTA)";
   if (p.d == 128) {
     pingpong ? launch(attn_fwd_ws_kernel<128, true>, WsSmem<128, 2>::kBytes, p, maps, s, what)
              : launch(attn_fwd_ws_kernel<128, false>, WsSmem<128, 2>::kBytes, p, maps, s, what);
@@ -447,7 +450,7 @@ bool launch_dq_ws(const AttnParams& p, void* stream) {
   WsMaps maps{};
   if (!ws_maps(p, true, &maps)) return false;
   auto s = static_cast<cudaStream_t>(stream);
-  const char* what = "attention backward dq (warp-specialised)";
+  const char* what = "attention backward dq (two heads per CTA)";
   if (p.d == 128) launch(attn_dq_ws_kernel<128>, WsSmem<128, 4>::kBytes, p, maps, s, what);
   else launch(attn_dq_ws_kernel<64>, WsSmem<64, 4>::kBytes, p, maps, s, what);
   return true;

@@ -280,8 +280,8 @@ TEST_P(KernelVsReference, MatchesDenseFp32WithinTwiceSdpaError) {
 #endif
 }
 
-// Forward variants 5 (Q as a register operand of S), 7 and 8 (warp-specialised, two query heads
-// per CTA on a TMA K/V ring; 8 with ping-pong) and dQ variant 6 (warp-specialised) against the
+// Forward variants 5 (Q as a register operand of S), 7 and 8 (two-head, two query heads
+// per CTA on a TMA K/V ring; 8 with ping-pong) and dQ variant 6 (two heads per CTA) against the
 // one-warpgroup kernels with Q from shared memory (forward 4, dQ 4): the same bf16 operands into the
 // same wgmma k-steps in the same order, so O, LSE and dQ must be bit-identical; a wrong fragment
 // layout, k-step, ring slot or barrier phase shows up as a difference. Both cases pair their heads
@@ -328,7 +328,7 @@ TEST(KernelForwardVariants, VariantsEqualTheSharedMemoryKernelBitwise) {
       const int64_t ws_before = ws_launch_count();
       const Run r = run(fwd, dq);
       if (fwd[0] != '5')
-        EXPECT_EQ(ws_launch_count() - ws_before, 2) << c.name << ": the warp-specialised forward and dQ pass did not both run";
+        EXPECT_EQ(ws_launch_count() - ws_before, 2) << c.name << ": the two-head forward and dQ pass did not both run";
       const std::string what = std::string(c.name) + ", forward variant " + fwd + ", dQ variant " + dq;
       ASSERT_FALSE(has_nan(r.o)) << what << ": NaN (or unwritten element) in O";
       ASSERT_FALSE(has_nan(r.dq)) << what << ": NaN (or unwritten element) in dQ";
