@@ -30,15 +30,15 @@ using namespace dev;
 constexpr int kThreads = 128;
 
 // Tile variant, for benchmarking (DFLASH_ATTN_FWD_VARIANT = 1: 16 rows/warp x 64 keys,
-// 2: 32 rows/warp x 32 keys, 3: 32 rows/warp x 64 keys, 4: Hopper wgmma, 5 (default): Hopper
-// wgmma with Q as a register operand of S, bit-identical to 4 and ~5% faster (fwd_sm90.cu);
-// 7: two query heads per CTA sharing a TMA K/V ring, 8: the same with ping-pong
-// between the two warpgroups (ws_sm90.cu; both bit-identical to 4, and 5 where the heads cannot be
-// paired or TMA cannot describe the tensors); 4 and up fall back to 3 where wgmma is unavailable).
-// Read at each launch.
+// 2: 32 rows/warp x 32 keys, 3: 32 rows/warp x 64 keys, 4: Hopper wgmma, 5: Hopper wgmma with Q
+// as a register operand of S (fwd_sm90.cu); 7 (default): variant 5's schedule with two query heads
+// per CTA sharing a TMA K/V ring, 8: the same with ping-pong between the two warpgroups (ws_sm90.cu;
+// 7 and 8 run 5 where the heads cannot be paired or TMA cannot describe the tensors). 4 to 8 are
+// bit-identical (KernelForwardVariants) and fall back to 3 where wgmma is unavailable; measured in
+// kernel/NOTES.md). Read at each launch.
 int fwd_variant() {
   const char* e = std::getenv("DFLASH_ATTN_FWD_VARIANT");
-  return e ? std::atoi(e) : 5;
+  return e ? std::atoi(e) : 7;
 }
 
 

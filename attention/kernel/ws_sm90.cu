@@ -271,7 +271,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_ws_kernel(const AttnPa
 // (tile t-1's last reader: its buffer is released); P on the CUDA cores while dP(t)
 // runs; dQ += dS K(t) runs on into tile t+1.
 template <int D>
-__global__ void __launch_bounds__(kWsThreads, 1) attn_dq_ws_kernel(const AttnParams p, const __grid_constant__ WsMaps maps) {
+__global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_ws_kernel(const AttnParams p, const __grid_constant__ WsMaps maps) {
 #ifdef DFLASH_WGMMA
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   using S = WsSmem<D, 4>;
@@ -451,8 +451,8 @@ bool launch_dq_ws(const AttnParams& p, void* stream) {
   if (!ws_maps(p, true, &maps)) return false;
   auto s = static_cast<cudaStream_t>(stream);
   const char* what = "attention backward dq (two heads per CTA)";
-  if (p.d == 128) launch(attn_dq_ws_kernel<128>, WsSmem<128, 4>::kBytes, p, maps, s, what);
-  else launch(attn_dq_ws_kernel<64>, WsSmem<64, 4>::kBytes, p, maps, s, what);
+  if (p.d == 128) launch(attn_bwd_dq_ws_kernel<128>, WsSmem<128, 4>::kBytes, p, maps, s, what);
+  else launch(attn_bwd_dq_ws_kernel<64>, WsSmem<64, 4>::kBytes, p, maps, s, what);
   return true;
 }
 

@@ -8,7 +8,7 @@
 #   4. Nsight Compute (long shape, bench/gpu/attention_prof.sh) on the forward variants, the dQ and
 #      the dK/dV pass: speed of light, memory workload, warp stalls (DFLASH_KAB_NCU=0: skipped).
 # A configuration is NAME=VAR=VALUE[,VAR=VALUE...]; DFLASH_KAB_CONFIGS holds them, space-separated
-# (default: "fwd4=DFLASH_ATTN_FWD_VARIANT=4 fwd5=DFLASH_ATTN_FWD_VARIANT=5"). Parts 2-4 stop
+# (default: "one=DFLASH_ATTN_FWD_VARIANT=5,DFLASH_ATTN_DQ_VARIANT=4 two=DFLASH_ATTN_FWD_VARIANT=7,DFLASH_ATTN_DQ_VARIANT=6"). Parts 2-4 stop
 # starting after DFLASH_KAB_BUDGET_S seconds (default 420), so that a device call's limit leaves
 # time to bring the logs back.
 #   bash bench/gpu/kernel_ab.sh BUILD_DIR OUT_DIR          (bash bench/gpu/run_all.sh kernel_ab)
@@ -18,7 +18,7 @@ BUILD=${1:?BUILD_DIR}
 OUT=${2:?OUT_DIR}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/../.."
-CONFIGS=${DFLASH_KAB_CONFIGS:-fwd4=DFLASH_ATTN_FWD_VARIANT=4 fwd5=DFLASH_ATTN_FWD_VARIANT=5}
+CONFIGS=${DFLASH_KAB_CONFIGS:-one=DFLASH_ATTN_FWD_VARIANT=5,DFLASH_ATTN_DQ_VARIANT=4 two=DFLASH_ATTN_FWD_VARIANT=7,DFLASH_ATTN_DQ_VARIANT=6}
 T0=$(date +%s)
 in_budget() { [ $(( $(date +%s) - T0 )) -lt "${DFLASH_KAB_BUDGET_S:-420}" ] || { echo "(budget spent: $1 skipped)"; return 1; }; }
 rc=0
@@ -72,8 +72,8 @@ if [ "${DFLASH_KAB_NCU:-1}" = 1 ]; then
     echo "--- $name"
     env "$@" DFLASH_PROF_KERNELS="$k" bash bench/gpu/attention_prof.sh "$BUILD" "$OUT/ncu_$name" long || rc=1
   }
-  prof fwd_v4 attn_fwd DFLASH_ATTN_FWD_VARIANT=4
   prof fwd_v5 attn_fwd DFLASH_ATTN_FWD_VARIANT=5
+  prof fwd_v7 attn_fwd DFLASH_ATTN_FWD_VARIANT=7
   prof dq attn_bwd_dq
   prof dkv attn_bwd_dkv
 fi
