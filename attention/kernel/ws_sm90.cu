@@ -373,6 +373,270 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_ws_kernel(const Att
 #endif
 }
 
+// ---- dK/dV pass: two key tiles per CTA sharing a TMA ring of query items (dK/dV variant 4) ------
+// One CTA per (pair of 64-key tiles 2j, 2j+1, KV head): warpgroup wg computes dK, dV of key tile
+// 2j + wg with bwd_sm90.cu's schedule (variant 3), both walking the same items (query tile x query
+// head of the GQA group) of the union of the two tiles' query ranges. An item (Q, dO tiles, the
+// tile's row records, lse and delta: ~34 KB) arrives by TMA into a ring of kStages buffers once per
+// pair of key tiles instead of once per key tile (half the L2 -> SM traffic and half the shared-memory
+// writes per item); release and refill as in the kernels above. The ring holds U, the items valid for
+// either tile, in order; slot t holds U[t]. A warpgroup for which an item is not valid waits for it
+// all the same (so that no warp releases a buffer's next phase before its present one) and releases
+// it unread.
+struct DkvMaps {
+  CUtensorMap q, dout, k, v;  // 4-d (D, rows, H, B), boxes of 64 x 64
+  CUtensorMap lse, delta;     // 2-d (q_len, B * Hq) fp32, boxes of 64 x 1
+};
+
+template <int D>
+struct DkvRingSmem {
+  static constexpr int kTile = kTileQ * D * 2;
+  static constexpr int kKV = 4 * kTile;  // K, V of key tile 2j, then of 2j + 1
+  static constexpr int kItemBytes = 2 * kTile + kTileQ * 16 + 2 * kTileQ * 4;  // Q, dO, rows, lse, delta
+  static constexpr int kStage = (kItemBytes + 1023) / 1024 * 1024;
+  static constexpr int kBars = kKV + kStages * kStage;
+  static constexpr int kCounts = kBars + 8 * (kStages + 1);
+  static constexpr int kBytes = 1024 + kCounts + 4 * kStages;
+};
+
+template <int D>
+__device__ __forceinline__ void wgmma_dkv(float (&d)[D / 8][4], const uint32_t (&a)[4], uint64_t db) {
+  if constexpr (D == 128) wgmma_rs_n128_tb(d, a, db, 1);
+  else wgmma_rs_n64_tb(d, a, db, 1);
+}
+
+template <int D>
+__global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dkv_ws_kernel(const AttnParams p, const __grid_constant__ DkvMaps maps) {
+#ifdef DFLASH_WGMMA
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  using S = DkvRingSmem<D>;
+  const uint32_t raw = smem_u32(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  const unsigned char* gbase = smem_raw + (base - raw);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int wg = warp >> 2, w = warp & 3;
+  const int nqt = p.meta.nqt, nkt = p.meta.nkt;
+  const int kt0 = 2 * (int)blockIdx.x;
+  const int hk = blockIdx.y, b = blockIdx.z;
+  const int G = p.Hq / p.Hkv;
+  const int2* ktiles = reinterpret_cast<const int2*>(p.meta.ktiles) + (int64_t)b * nkt;
+  const int4* qtiles = reinterpret_cast<const int4*>(p.meta.qtiles) + (int64_t)b * nqt;
+  const int4* grows = reinterpret_cast<const int4*>(p.meta.rows) + (int64_t)b * nqt * kTileQ;
+  // The union of the two tiles' query-tile ranges ([0, 0): none).
+  const int2 kr0 = ktiles[kt0], kr1 = kt0 + 1 < nkt ? ktiles[kt0 + 1] : make_int2(0, 0);
+  const bool e0 = kr0.y <= kr0.x, e1 = kr1.y <= kr1.x;
+  const int qa = e0 ? kr1.x : e1 ? kr0.x : min(kr0.x, kr1.x);
+  const int qb = e0 ? kr1.y : e1 ? kr0.y : max(kr0.y, kr1.y);
+  const int nitems = qb > qa ? (qb - qa) * G : 0;
+  auto valid_for = [&](int i, int n0) {
+    const int4 tq = qtiles[qa + i / G];
+    return (tq.x < n0 + kTileK && tq.y > n0 && tq.y > tq.x) || (tq.z < n0 + kTileK && tq.w > n0 && tq.w > tq.z);
+  };
+  const int nA = kt0 * kTileK, nB = nA + kTileK;
+  // The n-th (1-based) item at or after `from` valid for either tile (nitems: none); every lane of
+  // the warp, converged.
+  auto nth_valid = [&](int from, int n) {
+    for (int i0 = from; i0 < nitems; i0 += 32) {
+      const int i = i0 + lane;
+      unsigned m = __ballot_sync(0xffffffffu, i < nitems && (valid_for(i, nA) || valid_for(i, nB)));
+      const int c = __popc(m);
+      if (c >= n) {
+        for (int k = 1; k < n; ++k) m &= m - 1;
+        return i0 + __ffs(m) - 1;
+      }
+      n -= c;
+    }
+    return nitems;
+  };
+  const uint32_t bars = base + S::kBars, kvbar = bars + 8 * kStages;
+  auto stage = [&](int t) { return base + S::kKV + (t % kStages) * S::kStage; };
+  auto load_item = [&](int t, int i) {  // one thread: item i into slot t's buffer
+    const int qt = qa + i / G, h = hk * G + i % G, m0 = qt * kTileQ;
+    const uint32_t st = stage(t), full = bars + 8 * (t % kStages);
+    mbar_arrive_expect_tx(full, S::kItemBytes);
+    tma_tile<D>(st, &maps.q, m0, h, b, full);
+    tma_tile<D>(st + S::kTile, &maps.dout, m0, h, b, full);
+    bulk_copy(st + 2 * S::kTile, grows + m0, kTileQ * 16, full);
+    tma_load_2d(st + 2 * S::kTile + kTileQ * 16, &maps.lse, m0, b * p.Hq + h, full);
+    tma_load_2d(st + 2 * S::kTile + kTileQ * 20, &maps.delta, m0, b * p.Hq + h, full);
+  };
+  if (warp == 0) {
+    if (lane == 0) {
+      for (int i = 0; i < kStages; ++i) mbar_init(bars + 8 * i, 1);
+      mbar_init(kvbar, 1);
+      for (int i = 0; i < kStages; ++i) st_shared_u32(base + S::kCounts + 4 * i, 0);
+      fence_mbar_init();
+      const bool two = kt0 + 1 < nkt;
+      mbar_arrive_expect_tx(kvbar, (two ? 4 : 2) * S::kTile);
+      tma_tile<D>(base, &maps.k, nA, hk, b, kvbar);
+      tma_tile<D>(base + S::kTile, &maps.v, nA, hk, b, kvbar);
+      if (two) {
+        tma_tile<D>(base + 2 * S::kTile, &maps.k, nB, hk, b, kvbar);
+        tma_tile<D>(base + 3 * S::kTile, &maps.v, nB, hk, b, kvbar);
+      }
+    }
+    int it = nth_valid(0, 1);
+    for (int t = 0; t < kStages && it < nitems; ++t) {
+      if (lane == 0) load_item(t, it);
+      it = nth_valid(it + 1, 1);
+    }
+  }
+  __syncthreads();
+
+  // This warp is done with slot t (item it); the 8th warp to say so refills its buffer with the
+  // item of slot t + kStages.
+  auto release = [&](int t, int it) {
+    uint32_t last = 0;
+    const uint32_t cnt = base + S::kCounts + 4 * (t % kStages);
+    if (lane == 0) last = atom_add_acq_rel_shared(cnt, 1) == 7;
+    last = __shfl_sync(0xffffffffu, last, 0);
+    if (last) {
+      const int nx = nth_valid(it + 1, kStages);
+      if (lane == 0) {
+        st_shared_u32(cnt, 0);
+        if (nx < nitems) {
+          fence_proxy_async();
+          load_item(t + kStages, nx);
+        }
+      }
+    }
+    __syncwarp();
+  };
+
+  const int n0 = nA + wg * kTileK;
+  const uint32_t sK = base + wg * 2 * S::kTile, sV = sK + S::kTile;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int keyA = n0 + w * 16 + g, keyB = keyA + 8;
+  const float sl2 = p.scale * kLog2e;
+  float dk[D / 8][4], dv[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i)
+    dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.f;
+  mbar_wait(kvbar, 0);
+  __syncwarp();
+
+  // Per computed item, as in bwd_sm90.cu: S^T, dP^T issued as two groups -> wait<1>: S^T done, and
+  // the previous computed item's dK (so its slot, `pend`, is released here) -> P -> dV issued ->
+  // wait<1>: dP^T done -> dS -> dK issued -> wait<1> (dV): dK runs on into the next item.
+  uint32_t da[4][4];
+  int pend_t = -1, pend_item = 0;
+  int item = nth_valid(0, 1);
+  for (int t = 0; item < nitems; ++t) {
+    mbar_wait(bars + 8 * (t % kStages), (t / kStages) & 1);
+    __syncwarp();
+    if (!valid_for(item, n0)) {
+      if (pend_t >= 0) {
+        wg_wait<0>();
+        reg_fence(dk);
+        reg_fence_a(da);
+        release(pend_t, pend_item);
+        pend_t = -1;
+      }
+      release(t, item);
+      item = nth_valid(item + 1, 1);
+      continue;
+    }
+    const uint32_t sQ = stage(t), sdO = sQ + S::kTile;
+    const unsigned char* stp = gbase + (sQ - base) + 2 * S::kTile;
+    const int4* sRows = reinterpret_cast<const int4*>(stp);
+    const float* sL = reinterpret_cast<const float*>(stp + kTileQ * 16);
+    const float* sD = sL + kTileQ;
+
+    float st[8][4], dpt[8][4];
+    wg_fence();
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) wgmma_ss_n64(st, desc_k<kTileK>(sK, ks), desc_k<kTileQ>(sQ, ks), ks > 0);
+    wg_commit();
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) wgmma_ss_n64(dpt, desc_k<kTileK>(sV, ks), desc_k<kTileQ>(sdO, ks), ks > 0);
+    wg_commit();
+    wg_wait<1>();  // S^T done, and before it the previous item's dK
+    reg_fence(st);
+    reg_fence(dk);
+    reg_fence_a(da);
+    if (pend_t >= 0) release(pend_t, pend_item);
+
+    const int kw = n0 + w * 16;
+    const int4 r0 = sRows[lane], r1 = sRows[lane + 32];
+    const bool wfull = __all_sync(0xffffffffu, kw >= r0.x && kw + 16 <= r0.y && kw >= r1.x && kw + 16 <= r1.y);
+    if (!wfull) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int4 rm = sRows[j * 8 + 2 * t4 + e];
+          const bool va = ((keyA >= rm.x) & (keyA < rm.y)) | ((keyA >= rm.z) & (keyA < rm.w));
+          const bool vb = ((keyB >= rm.x) & (keyB < rm.y)) | ((keyB >= rm.z) & (keyB < rm.w));
+          st[j][e] = va ? st[j][e] : -INFINITY;
+          st[j][2 + e] = vb ? st[j][2 + e] : -INFINITY;
+        }
+      }
+    }
+    uint32_t pa[4][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float2 lv = *reinterpret_cast<const float2*>(sL + j * 8 + 2 * t4);
+      const float l0 = lv.x == -INFINITY ? INFINITY : lv.x * kLog2e;
+      const float l1 = lv.y == -INFINITY ? INFINITY : lv.y * kLog2e;
+      st[j][0] = ex2(fmaf(st[j][0], sl2, -l0));
+      st[j][1] = ex2(fmaf(st[j][1], sl2, -l1));
+      st[j][2] = ex2(fmaf(st[j][2], sl2, -l0));
+      st[j][3] = ex2(fmaf(st[j][3], sl2, -l1));
+    }
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) acc_to_a(st[2 * kk], st[2 * kk + 1], pa[kk]);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wgmma_dkv<D>(dv, pa[kk], desc_mn<kTileQ>(sdO, kk));
+    wg_commit();
+    wg_wait<1>();
+    reg_fence(dpt);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float2 dl = *reinterpret_cast<const float2*>(sD + j * 8 + 2 * t4);
+      const float2 pA = __bfloat1622float2(reinterpret_cast<const __nv_bfloat162&>(pa[j / 2][(j & 1) * 2]));
+      const float2 pB = __bfloat1622float2(reinterpret_cast<const __nv_bfloat162&>(pa[j / 2][(j & 1) * 2 + 1]));
+      dpt[j][0] = pA.x * (dpt[j][0] - dl.x);
+      dpt[j][1] = pA.y * (dpt[j][1] - dl.y);
+      dpt[j][2] = pB.x * (dpt[j][2] - dl.x);
+      dpt[j][3] = pB.y * (dpt[j][3] - dl.y);
+    }
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) acc_to_a(dpt[2 * kk], dpt[2 * kk + 1], da[kk]);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wgmma_dkv<D>(dk, da[kk], desc_mn<kTileQ>(sQ, kk));
+    wg_commit();
+    wg_wait<1>();  // dV done (pa free); dK runs on under the next item's S^T, dP^T
+    reg_fence(dv);
+    reg_fence_a(pa);
+    pend_t = t;
+    pend_item = item;
+    item = nth_valid(item + 1, 1);
+  }
+  wg_wait<0>();
+  reg_fence(dk);
+  reg_fence_a(da);
+
+  bf16* dko = static_cast<bf16*>(p.dk) + b * p.dk_sb + hk * p.dk_sh;
+  bf16* dvo = static_cast<bf16*>(p.dv) + b * p.dv_sb + hk * p.dv_sh;
+  if (keyA < p.kv_len) {
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      store_bf16x2(dko + (int64_t)keyA * p.dk_sr + i * 8 + 2 * t4, dk[i][0] * p.scale, dk[i][1] * p.scale);
+      store_bf16x2(dvo + (int64_t)keyA * p.dv_sr + i * 8 + 2 * t4, dv[i][0], dv[i][1]);
+    }
+  }
+  if (keyB < p.kv_len) {
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      store_bf16x2(dko + (int64_t)keyB * p.dk_sr + i * 8 + 2 * t4, dk[i][2] * p.scale, dk[i][3] * p.scale);
+      store_bf16x2(dvo + (int64_t)keyB * p.dv_sr + i * 8 + 2 * t4, dv[i][2], dv[i][3]);
+    }
+  }
+#endif
+}
+
 // The driver's cuTensorMapEncodeTiled, found once through the runtime (no libcuda link); null when
 // the driver lacks it.
 PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
@@ -404,6 +668,20 @@ bool tile_map(CUtensorMap* m, const void* ptr, int64_t B, int64_t H, int64_t row
   const cuuint32_t box[4] = {64, 64, 1, 1}, estr[4] = {1, 1, 1, 1};
   return enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(ptr), dims, strides, box, estr,
              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+             CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// [rows, cols] fp32, row stride `cols` (a multiple of 4), as the 2-d map (cols, rows) with boxes of
+// 64 x 1; false where TMA cannot describe it.
+bool row_map(CUtensorMap* m, const float* ptr, int64_t rows, int64_t cols) {
+  if (reinterpret_cast<uintptr_t>(ptr) % 16 != 0 || cols % 4 != 0) return false;
+  const auto enc = encode_tiled();
+  if (!enc) return false;
+  const cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)rows};
+  const cuuint64_t strides[1] = {(cuuint64_t)cols * 4};
+  const cuuint32_t box[2] = {64, 1}, estr[2] = {1, 1};
+  return enc(m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, const_cast<float*>(ptr), dims, strides, box, estr,
+             CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_NONE, CU_TENSOR_MAP_L2_PROMOTION_NONE,
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
@@ -443,6 +721,27 @@ bool launch_fwd_ws(const AttnParams& p, bool pingpong, void* stream) {
     pingpong ? launch(attn_fwd_ws_kernel<64, true>, WsSmem<64, 2>::kBytes, p, maps, s, what)
              : launch(attn_fwd_ws_kernel<64, false>, WsSmem<64, 2>::kBytes, p, maps, s, what);
   }
+  return true;
+}
+
+bool launch_dkv_ws(const AttnParams& p, void* stream) {
+  DkvMaps maps{};
+  const bool ok = tile_map(&maps.q, p.q, p.B, p.Hq, p.q_len, p.d, p.q_sb, p.q_sh, p.q_sr) &&
+                  tile_map(&maps.dout, p.dout, p.B, p.Hq, p.q_len, p.d, p.do_sb, p.do_sh, p.do_sr) &&
+                  tile_map(&maps.k, p.k, p.B, p.Hkv, p.kv_len, p.d, p.k_sb, p.k_sh, p.k_sr) &&
+                  tile_map(&maps.v, p.v, p.B, p.Hkv, p.kv_len, p.d, p.v_sb, p.v_sh, p.v_sr) &&
+                  row_map(&maps.lse, p.lse, (int64_t)p.B * p.Hq, p.q_len) &&
+                  row_map(&maps.delta, p.delta, (int64_t)p.B * p.Hq, p.q_len);
+  if (!ok) return false;
+  auto s = static_cast<cudaStream_t>(stream);
+  auto go = [&](auto kern, int smem) {
+    cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    kern<<<dim3((p.meta.nkt + 1) / 2, p.Hkv, p.B), kWsThreads, smem, s>>>(p, maps);
+    DFLASH_CHECK_LAUNCH("attention backward dkv (two key tiles per CTA)");
+    g_ws_launches.fetch_add(1, std::memory_order_relaxed);
+  };
+  if (p.d == 128) go(attn_bwd_dkv_ws_kernel<128>, DkvRingSmem<128>::kBytes);
+  else go(attn_bwd_dkv_ws_kernel<64>, DkvRingSmem<64>::kBytes);
   return true;
 }
 
