@@ -24,7 +24,6 @@ bool wgmma_supported();                                   // bwd_sm90.cu
 void launch_dkv_wgmma(const AttnParams& p, void* stream);  // bwd_sm90.cu
 void launch_dq_wgmma(const AttnParams& p, void* stream);   // fwd_sm90.cu
 bool launch_dq_ws(const AttnParams& p, void* stream);     // ws_sm90.cu
-bool launch_dkv_ws(const AttnParams& p, void* stream);    // ws_sm90.cu
 
 namespace {
 
@@ -43,9 +42,7 @@ int dq_variant() {
   return e ? std::atoi(e) : 6;
 }
 // dK/dV kernel variant (DFLASH_ATTN_DKV_VARIANT = 1: 4 warps x 16 keys, 2: 8 warps,
-// 3 (default): Hopper wgmma (bwd_sm90.cu), 4: variant 3's schedule with two key tiles per CTA
-// sharing a TMA ring of query items (ws_sm90.cu; bit-identical to 3, and runs 3 where TMA cannot
-// describe the tensors); 3 and 4 fall back to 1 where wgmma is unavailable).
+// 3 (default): Hopper wgmma (bwd_sm90.cu; falls back to 1 where unavailable)).
 int dkv_variant() {
   const char* e = std::getenv("DFLASH_ATTN_DKV_VARIANT");
   return e ? std::atoi(e) : 3;
@@ -489,9 +486,7 @@ void run_bwd(const AttnParams& p, cudaStream_t s, int stage) {
   }
   if (stage < 0 || stage == 2) {
     const int var = dkv_variant();
-    if ((var == 3 || var == 4) && wgmma_supported()) {
-      if (!(var == 4 && launch_dkv_ws(p, s))) launch_dkv_wgmma(p, s);
-    }
+    if (var == 3 && wgmma_supported()) launch_dkv_wgmma(p, s);
     else if (var == 2) run_dkv<D, 8>(p, s);
     else run_dkv<D, 4>(p, s);
   }
