@@ -20,12 +20,14 @@
 // Numerics: bf16 inputs, fp32 accumulation; LSE in natural log; scale = d^-0.5.
 // Kernels: on sm_90 with the sm_90a code built in (DFLASH_CUDA_ARCHS contains 90a) the three
 // matmul stages use Hopper wgmma, software-pipelined so that each warpgroup's softmax / P / dS
-// work overlaps its own products (kernel/fwd_sm90.cu, kernel/bwd_sm90.cu); elsewhere mma.sync
+// work overlaps its own products (kernel/fwd_sm90.cu, kernel/bwd_sm90.cu), the forward with two
+// query heads per CTA sharing a TMA ring of K/V tiles (kernel/ws_sm90.cu); elsewhere mma.sync
 // (kernel/fwd.cu, kernel/bwd.cu, sm_80+). The backward is deterministic (no atomics): delta, a dQ
 // pass over query tiles, a dK/dV pass over key tiles (GQA groups reduced inside the CTA). The
 // wgmma dK/dV pass forms dS from P as rounded to bf16 (registers; see kernel/NOTES.md).
 // Measurements and design notes: attention/kernel/NOTES.md.
-// Thread-safety: launches are stream-ordered on the current CUDA stream; no global state.
+// Thread-safety: launches are stream-ordered on the current CUDA stream; no global state but a
+// launch counter (ws_launch_count).
 #pragma once
 
 #include <cstdint>
@@ -110,8 +112,9 @@ void launch_attn_bwd(const AttnParams& p, void* stream);  // delta, then dQ, the
 // chosen with DFLASH_ATTN_FWD_VARIANT / DFLASH_ATTN_DQ_VARIANT / DFLASH_ATTN_DKV_VARIANT
 // (benchmarks only; the defaults are the measured best, see attention/kernel/NOTES.md).
 void launch_attn_bwd_stage(const AttnParams& p, int stage, void* stream);
-// Launches of the two-head kernels (forward variants 7/8, dQ variant 6) so far in this
-// process: how a test tells them from the fallback they take where the heads cannot be paired.
+// Launches of the TMA-ring kernels (kernel/ws_sm90.cu: forward variants 7/8, dQ variant 6) so far
+// in this process: how a test tells them from the one-warpgroup kernels they fall back to where the
+// heads cannot be paired or TMA cannot describe a tensor.
 int64_t ws_launch_count();
 
 }  // namespace dflash::attention
