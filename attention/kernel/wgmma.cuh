@@ -10,7 +10,6 @@
 
 #include <cstdint>
 
-#include "attention/kernel.h"
 #include "attention/kernel/common.cuh"
 
 namespace dflash::attention::dev {
@@ -104,28 +103,6 @@ __device__ __forceinline__ void reg_fence_a(uint32_t (&a)[N][4]) {
   for (int i = 0; i < N; ++i)
     asm volatile("" : "+r"(a[i][0]), "+r"(a[i][1]), "+r"(a[i][2]), "+r"(a[i][3])::"memory");
 }
-// S of a 64-key tile at n0 of the context (ctx) or block region, as a wgmma m64n64 accumulator
-// (this thread: rows A and B = g and g + 8 of its warp, metadata rowA and rowB; keys
-// n0 + 8j + 2*t4 + e): set to -inf where the key is not visible. A warp whose rows all see the
-// whole tile (the common case with sorted blocks) skips the test.
-__device__ __forceinline__ void mask_tile(float (&s)[8][4], int n0, bool ctx, const int4& rowA,
-                                          const int4& rowB, int t4) {
-  const bool full = ctx && n0 >= rowA.x && n0 + kTileK <= rowA.y && n0 >= rowB.x &&
-                    n0 + kTileK <= rowB.y;
-  if (__all_sync(0xffffffffu, full)) return;
-  const int lo_a = ctx ? rowA.x : rowA.z, hi_a = ctx ? rowA.y : rowA.w;
-  const int lo_b = ctx ? rowB.x : rowB.z, hi_b = ctx ? rowB.y : rowB.w;
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int key = n0 + j * 8 + 2 * t4 + e;
-      s[j][e] = (key >= lo_a) & (key < hi_a) ? s[j][e] : -INFINITY;
-      s[j][2 + e] = (key >= lo_b) & (key < hi_b) ? s[j][2 + e] : -INFINITY;
-    }
-  }
-}
-
 // D[64 x 32] (+)= A (smem, K-major) * B (smem, K-major); d has 4 n-tiles of 4 floats.
 __device__ __forceinline__ void wgmma_ss_n32(float (&d)[4][4], uint64_t da, uint64_t db, int acc) {
 #ifdef DFLASH_WGMMA

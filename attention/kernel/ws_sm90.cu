@@ -24,6 +24,7 @@
 
 #include "attention/kernel.h"
 #include "attention/kernel/common.cuh"
+#include "attention/kernel/tile_math.cuh"
 #include "attention/kernel/tma.cuh"
 #include "attention/kernel/wgmma.cuh"
 #include "core/launch_check.h"
@@ -122,11 +123,9 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_ws_kernel(const AttnPa
   const int h0 = 2 * blockIdx.y, b = blockIdx.z;
   const int hk = h0 / (p.Hq / p.Hkv);
   const int m0 = qt * kTileQ;
-  const int4 tq = reinterpret_cast<const int4*>(p.meta.qtiles)[(int64_t)b * nqt + qt];
-  const int n1 = tq.y > tq.x ? (tq.y - tq.x + kTileK - 1) / kTileK : 0;
-  const int n2 = tq.w > tq.z ? (tq.w - tq.z + kTileK - 1) / kTileK : 0;
-  const int ntiles = n1 + n2;
-  auto tile_start = [&](int t) { return t < n1 ? tq.x + t * kTileK : tq.z + (t - n1) * kTileK; };
+  const KeyWalk walk(reinterpret_cast<const int4*>(p.meta.qtiles)[(int64_t)b * nqt + qt]);
+  const int ntiles = walk.ntiles;
+  auto tile_start = [&](int t) { return walk.start(t); };
   const uint32_t bars = base + S::kBars;
   ws_start<D, 2>(maps, base, tid, m0, h0, hk, b, ntiles, tile_start);
 
@@ -162,7 +161,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_ws_kernel(const AttnPa
     const uint32_t k_t = sK(t);
     mbar_wait(bars + 8 * (t % kStages), (t / kStages) & 1);
     const int n0 = tile_start(t);
-    const bool ctx = t < n1;
+    const bool ctx = walk.ctx(t);
     if (PINGPONG) named_sync(1 + wg, kWsThreads);
     float s[8][4];
     wg_fence();
@@ -183,50 +182,14 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_ws_kernel(const AttnPa
     reg_fence(s);
 
     mask_tile(s, n0, ctx, rowA, rowB, t4);
-    float mxA = mA, mxB = mB;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      mxA = fmaxf(mxA, fmaxf(s[j][0], s[j][1]));
-      mxB = fmaxf(mxB, fmaxf(s[j][2], s[j][3]));
-    }
-    mxA = fmaxf(mxA, __shfl_xor_sync(0xffffffffu, mxA, 1));
-    mxA = fmaxf(mxA, __shfl_xor_sync(0xffffffffu, mxA, 2));
-    mxB = fmaxf(mxB, __shfl_xor_sync(0xffffffffu, mxB, 1));
-    mxB = fmaxf(mxB, __shfl_xor_sync(0xffffffffu, mxB, 2));
-    const float uA = mxA == -INFINITY ? 0.f : mxA * sl2;
-    const float uB = mxB == -INFINITY ? 0.f : mxB * sl2;
-    const float cA = mxA == mA ? 1.f : ex2(mA * sl2 - uA);
-    const float cB = mxB == mB ? 1.f : ex2(mB * sl2 - uB);
-    const bool keep_o = __all_sync(0xffffffffu, mxA == mA && mxB == mB);
-    mA = mxA;
-    mB = mxB;
-    lA *= cA;
-    lB *= cB;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      s[j][0] = ex2(s[j][0] * sl2 - uA);
-      s[j][1] = ex2(s[j][1] * sl2 - uA);
-      s[j][2] = ex2(s[j][2] * sl2 - uB);
-      s[j][3] = ex2(s[j][3] * sl2 - uB);
-      lA += s[j][0] + s[j][1];
-      lB += s[j][2] + s[j][3];
-    }
+    float cA, cB;
     uint32_t pn[4][4];
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) acc_to_a(s[2 * kk], s[2 * kk + 1], pn[kk]);
+    const bool keep_o = softmax_step(s, mA, mB, lA, lB, sl2, pn, cA, cB);
     wg_wait<0>();  // P(t-1) V(t-1) done: tile t-1's buffer is released
     reg_fence(o);
     reg_fence_a(pa);
     if (t > 0) ws_release<D, 2>(maps, base, lane, t - 1, hk, b, ntiles, tile_start);
-    if (!keep_o) {
-#pragma unroll
-      for (int i = 0; i < D / 8; ++i) {
-        o[i][0] *= cA;
-        o[i][1] *= cA;
-        o[i][2] *= cB;
-        o[i][3] *= cB;
-      }
-    }
+    if (!keep_o) scale_rows(o, cA, cB);
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
@@ -244,25 +207,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_ws_kernel(const AttnPa
     reg_fence_a(pa);
   }
 
-  lA += __shfl_xor_sync(0xffffffffu, lA, 1);
-  lA += __shfl_xor_sync(0xffffffffu, lA, 2);
-  lB += __shfl_xor_sync(0xffffffffu, lB, 1);
-  lB += __shfl_xor_sync(0xffffffffu, lB, 2);
-  const float iA = lA > 0.f ? 1.f / lA : 0.f, iB = lB > 0.f ? 1.f / lB : 0.f;
-  bf16* out = static_cast<bf16*>(p.o) + b * p.o_sb + h * p.o_sh;
-  float* lse = p.lse + ((int64_t)b * p.Hq + h) * p.q_len;
-  if (ra < p.q_len) {
-#pragma unroll
-    for (int i = 0; i < D / 8; ++i)
-      store_bf16x2(out + (int64_t)ra * p.o_sr + i * 8 + 2 * t4, o[i][0] * iA, o[i][1] * iA);
-    if (t4 == 0) lse[ra] = lA > 0.f ? (mA * sl2 + __log2f(lA)) * kLn2 : -INFINITY;
-  }
-  if (rb < p.q_len) {
-#pragma unroll
-    for (int i = 0; i < D / 8; ++i)
-      store_bf16x2(out + (int64_t)rb * p.o_sr + i * 8 + 2 * t4, o[i][2] * iB, o[i][3] * iB);
-    if (t4 == 0) lse[rb] = lB > 0.f ? (mB * sl2 + __log2f(lB)) * kLn2 : -INFINITY;
-  }
+  store_fwd_rows<D>(p, b, h, ra, t4, o, mA, mB, lA, lB, sl2);
 #endif
 }
 
@@ -282,11 +227,9 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_ws_kernel(const Att
   const int h0 = 2 * blockIdx.y, b = blockIdx.z;
   const int hk = h0 / (p.Hq / p.Hkv);
   const int m0 = qt * kTileQ;
-  const int4 tq = reinterpret_cast<const int4*>(p.meta.qtiles)[(int64_t)b * nqt + qt];
-  const int n1 = tq.y > tq.x ? (tq.y - tq.x + kTileK - 1) / kTileK : 0;
-  const int n2 = tq.w > tq.z ? (tq.w - tq.z + kTileK - 1) / kTileK : 0;
-  const int ntiles = n1 + n2;
-  auto tile_start = [&](int t) { return t < n1 ? tq.x + t * kTileK : tq.z + (t - n1) * kTileK; };
+  const KeyWalk walk(reinterpret_cast<const int4*>(p.meta.qtiles)[(int64_t)b * nqt + qt]);
+  const int ntiles = walk.ntiles;
+  auto tile_start = [&](int t) { return walk.start(t); };
   const uint32_t bars = base + S::kBars;
   ws_start<D, 4>(maps, base, tid, m0, h0, hk, b, ntiles, tile_start);
 
@@ -298,12 +241,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_ws_kernel(const Att
   const int ra = m0 + w * 16 + g, rb = ra + 8;
   const int4* rows = reinterpret_cast<const int4*>(p.meta.rows) + (int64_t)b * nqt * kTileQ;
   const int4 rowA = rows[ra], rowB = rows[rb];
-  const float* lse = p.lse + ((int64_t)b * p.Hq + h) * p.q_len;
-  const float* delta = p.delta + ((int64_t)b * p.Hq + h) * p.q_len;
-  const float lseA = ra < p.q_len ? lse[ra] : 0.f, lseB = rb < p.q_len ? lse[rb] : 0.f;
-  const float lA = lseA == -INFINITY ? INFINITY : lseA * kLog2e;
-  const float lB = lseB == -INFINITY ? INFINITY : lseB * kLog2e;
-  const float dA = ra < p.q_len ? delta[ra] : 0.f, dB = rb < p.q_len ? delta[rb] : 0.f;
+  const DqRows rw = dq_rows(p, b, h, ra);
   const float sl2 = p.scale * kLog2e;
 
   float dq[D / 8][4];
@@ -316,7 +254,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_ws_kernel(const Att
     const uint32_t k_t = sK(t), v_t = k_t + S::kTile;
     mbar_wait(bars + 8 * (t % kStages), (t / kStages) & 1);
     const int n0 = tile_start(t);
-    const bool ctx = t < n1;
+    const bool ctx = walk.ctx(t);
     float s[8][4], dp[8][4];
     wg_fence();
 #pragma unroll
@@ -332,24 +270,10 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_ws_kernel(const Att
     if (t > 0) ws_release<D, 4>(maps, base, lane, t - 1, hk, b, ntiles, tile_start);
 
     mask_tile(s, n0, ctx, rowA, rowB, t4);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      s[j][0] = ex2(fmaf(s[j][0], sl2, -lA));
-      s[j][1] = ex2(fmaf(s[j][1], sl2, -lA));
-      s[j][2] = ex2(fmaf(s[j][2], sl2, -lB));
-      s[j][3] = ex2(fmaf(s[j][3], sl2, -lB));
-    }
+    dq_p(s, sl2, rw);
     wg_wait<0>();
     reg_fence(dp);
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      s[j][0] *= dp[j][0] - dA;
-      s[j][1] *= dp[j][1] - dA;
-      s[j][2] *= dp[j][2] - dB;
-      s[j][3] *= dp[j][3] - dB;
-    }
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) acc_to_a(s[2 * kk], s[2 * kk + 1], da[kk]);
+    dq_ds(s, dp, rw, da);
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) wgmma_pv<D>(dq, da[kk], desc_mn<kTileK>(k_t, kk));
@@ -359,17 +283,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_ws_kernel(const Att
   reg_fence(dq);
   reg_fence_a(da);
 
-  bf16* dqo = static_cast<bf16*>(p.dq) + b * p.dq_sb + h * p.dq_sh;
-  if (ra < p.q_len) {
-#pragma unroll
-    for (int i = 0; i < D / 8; ++i)
-      store_bf16x2(dqo + (int64_t)ra * p.dq_sr + i * 8 + 2 * t4, dq[i][0] * p.scale, dq[i][1] * p.scale);
-  }
-  if (rb < p.q_len) {
-#pragma unroll
-    for (int i = 0; i < D / 8; ++i)
-      store_bf16x2(dqo + (int64_t)rb * p.dq_sr + i * 8 + 2 * t4, dq[i][2] * p.scale, dq[i][3] * p.scale);
-  }
+  store_dq_rows<D>(p, b, h, ra, t4, dq);
 #endif
 }
 
