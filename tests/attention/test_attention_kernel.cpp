@@ -327,8 +327,9 @@ TEST(KernelForwardVariants, VariantsEqualTheSharedMemoryKernelBitwise) {
     for (auto [fwd, dq] : {std::pair{"5", "4"}, std::pair{"7", "6"}, std::pair{"8", "6"}, std::pair{"9", "6"}}) {
       const int64_t ws_before = ws_launch_count();
       const Run r = run(fwd, dq);
-      if (fwd[0] != '5')
+      if (fwd[0] != '5') {
         EXPECT_EQ(ws_launch_count() - ws_before, 2) << c.name << ": the two-head forward and dQ pass did not both run";
+      }
       const std::string what = std::string(c.name) + ", forward variant " + fwd + ", dQ variant " + dq;
       ASSERT_FALSE(has_nan(r.o)) << what << ": NaN (or unwritten element) in O";
       ASSERT_FALSE(has_nan(r.dq)) << what << ": NaN (or unwritten element) in dQ";
