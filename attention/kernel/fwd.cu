@@ -20,7 +20,7 @@ namespace dflash::attention {
 
 bool wgmma_supported();                                  // bwd_sm90.cu
 void launch_fwd_wgmma(const AttnParams& p, bool q_in_registers, void* stream);  // fwd_sm90.cu
-bool launch_fwd_ws(const AttnParams& p, int mode, void* stream);           // ws_sm90.cu
+bool launch_fwd_ws(const AttnParams& p, bool pingpong, void* stream);           // ws_sm90.cu
 
 namespace {
 
@@ -32,9 +32,8 @@ constexpr int kThreads = 128;
 // Tile variant, for benchmarking (DFLASH_ATTN_FWD_VARIANT = 1: 16 rows/warp x 64 keys,
 // 2: 32 rows/warp x 32 keys, 3: 32 rows/warp x 64 keys, 4: Hopper wgmma, 5: Hopper wgmma with Q
 // as a register operand of S (fwd_sm90.cu); 7 (default): variant 5's schedule with two query heads
-// per CTA sharing a TMA K/V ring, 8: the same with ping-pong between the two warpgroups, 9: the same
-// with S issued one tile ahead (ws_sm90.cu; 7 to 9 run 5 where the heads cannot be paired or TMA
-// cannot describe the tensors). 4 to 9 are
+// per CTA sharing a TMA K/V ring, 8: the same with ping-pong between the two warpgroups (ws_sm90.cu;
+// 7 and 8 run 5 where the heads cannot be paired or TMA cannot describe the tensors). 4 to 8 are
 // bit-identical (KernelForwardVariants) and fall back to 3 where wgmma is unavailable; measured in
 // kernel/NOTES.md). Read at each launch.
 int fwd_variant() {
@@ -273,7 +272,7 @@ void run_fwd_variant(const AttnParams& p, cudaStream_t s) {
     case 3: run_fwd<D, 2, 64>(p, s); break;
     default:
       if (!wgmma_supported()) run_fwd<D, 2, 64>(p, s);
-      else if (!(variant >= 7 && variant <= 9 && launch_fwd_ws(p, variant - 7, s)))
+      else if (!((variant == 7 || variant == 8) && launch_fwd_ws(p, variant == 8, s)))
         launch_fwd_wgmma(p, variant != 4, s);
       break;
   }

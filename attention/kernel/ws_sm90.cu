@@ -1,5 +1,5 @@
 // Forward and dQ pass of the DFlash attention with two query heads per CTA on a TMA K/V ring (Hopper, sm_90a): forward variant
-// 7 (8: the same with ping-pong between the consumers; 9: S issued one tile ahead) and dQ variant 6.
+// 7 (8: the same with ping-pong between the consumers) and dQ variant 6.
 //
 // One CTA per (64-row query tile, pair of query heads 2i and 2i+1 of one KV head), two warpgroups
 // (256 threads), warpgroup wg computing head 2i + wg with the schedule of the one-warpgroup kernels
@@ -111,11 +111,9 @@ __device__ __forceinline__ void ws_release(const WsMaps& maps, uint32_t base, in
   __syncwarp();
 }
 
-// MODE 0: variant 7; 1: variant 8 (ping-pong); 2: variant 9 (S one tile ahead, below).
-template <int D, int MODE>
+template <int D, bool PINGPONG>
 __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_ws_kernel(const AttnParams p, const __grid_constant__ WsMaps maps) {
 #ifdef DFLASH_WGMMA
-  constexpr bool PINGPONG = MODE == 1;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   using S = WsSmem<D, 2>;
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
@@ -159,59 +157,6 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_ws_kernel(const AttnPa
   // `bar.arrive 2 - wg`; warpgroup 1 starts by letting warpgroup 0 go first.
   if (PINGPONG && wg == 1 && ntiles > 0) named_arrive(1, kWsThreads);
 
-  if constexpr (MODE == 2) {
-    // S one tile ahead: step t starts with S(t) done (in `cur`), issues S(t + 1) into `nxt` and
-    // O += P(t-1) V(t-1), and runs tile t's softmax while both are on the tensor cores (variants 7
-    // and 8 issue S(t + 1) only after the softmax of tile t). Every step issues the same products
-    // (the last one an S of its own tile again, unused), so that ptxas sees one fixed pattern (a
-    // conditional wgmma or wait made it serialise them all); the loop is unrolled by two so that
-    // the two S accumulators keep their registers.
-    float sa[8][4], sb[8][4];
-    auto issue_s = [&](float (&acc)[8][4], uint32_t k_tile) {
-#pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks) wgmma_rs_n64_kb(acc, qa[ks], desc_k<kTileK>(k_tile, ks), ks > 0);
-      wg_commit();
-    };
-    auto step = [&](float (&cur)[8][4], float (&nxt)[8][4], int t) {
-      const bool more = t + 1 < ntiles;
-      if (more) mbar_wait(bars + 8 * ((t + 1) % kStages), ((t + 1) / kStages) & 1);
-      __syncwarp();
-      wg_fence();
-      issue_s(nxt, sK(more ? t + 1 : t));
-      if (t > 0) {
-        reg_fence(o);
-#pragma unroll
-        for (int kk = 0; kk < 4; ++kk) wgmma_pv<D>(o, pa[kk], desc_mn<kTileK>(sK(t - 1) + S::kTile, kk));
-        wg_commit();
-      }
-      mask_tile(cur, tile_start(t), walk.ctx(t), rowA, rowB, t4);
-      float cA, cB;
-      uint32_t pn[4][4];
-      const bool keep_o = softmax_step(cur, mA, mB, lA, lB, sl2, pn, cA, cB);
-      wg_wait<0>();  // S(t + 1) and P(t-1) V(t-1) done: tile t-1's buffer is released
-      reg_fence(o);
-      reg_fence(nxt);
-      reg_fence_a(pa);
-      if (t > 0) ws_release<D, 2>(maps, base, lane, t - 1, hk, b, ntiles, tile_start);
-      if (!keep_o) scale_rows(o, cA, cB);
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) pa[kk][r] = pn[kk][r];
-    };
-    if (ntiles > 0) {
-      mbar_wait(bars, 0);
-      __syncwarp();
-      wg_fence();
-      issue_s(sa, sK(0));
-      wg_wait<0>();
-      reg_fence(sa);
-    }
-    for (int t = 0; t < ntiles; t += 2) {
-      step(sa, sb, t);
-      if (t + 1 < ntiles) step(sb, sa, t + 1);
-    }
-  } else {
   for (int t = 0; t < ntiles; ++t) {
     const uint32_t k_t = sK(t);
     mbar_wait(bars + 8 * (t % kStages), (t / kStages) & 1);
@@ -249,7 +194,6 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_ws_kernel(const AttnPa
     for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
       for (int r = 0; r < 4; ++r) pa[kk][r] = pn[kk][r];
-  }
   }
   if (PINGPONG && wg == 0 && ntiles > 0) named_sync(1, kWsThreads);  // warpgroup 1's last arrival
   if (ntiles > 0) {
@@ -401,20 +345,17 @@ void launch(Kern kern, int smem, const AttnParams& p, const WsMaps& maps, cudaSt
 
 int64_t ws_launch_count() { return g_ws_launches.load(std::memory_order_relaxed); }
 
-bool launch_fwd_ws(const AttnParams& p, int mode, void* stream) {
+bool launch_fwd_ws(const AttnParams& p, bool pingpong, void* stream) {
   WsMaps maps{};
   if (!ws_maps(p, false, &maps)) return false;
   auto s = static_cast<cudaStream_t>(stream);
   const char* what = "attention forward (two heads per CTA)";
-  auto go = [&](auto kern, int smem) { launch(kern, smem, p, maps, s, what); };
   if (p.d == 128) {
-    constexpr int smem = WsSmem<128, 2>::kBytes;
-    mode == 2 ? go(attn_fwd_ws_kernel<128, 2>, smem)
-              : mode == 1 ? go(attn_fwd_ws_kernel<128, 1>, smem) : go(attn_fwd_ws_kernel<128, 0>, smem);
+    pingpong ? launch(attn_fwd_ws_kernel<128, true>, WsSmem<128, 2>::kBytes, p, maps, s, what)
+             : launch(attn_fwd_ws_kernel<128, false>, WsSmem<128, 2>::kBytes, p, maps, s, what);
   } else {
-    constexpr int smem = WsSmem<64, 2>::kBytes;
-    mode == 2 ? go(attn_fwd_ws_kernel<64, 2>, smem)
-              : mode == 1 ? go(attn_fwd_ws_kernel<64, 1>, smem) : go(attn_fwd_ws_kernel<64, 0>, smem);
+    pingpong ? launch(attn_fwd_ws_kernel<64, true>, WsSmem<64, 2>::kBytes, p, maps, s, what)
+             : launch(attn_fwd_ws_kernel<64, false>, WsSmem<64, 2>::kBytes, p, maps, s, what);
   }
   return true;
 }
