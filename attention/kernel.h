@@ -112,6 +112,11 @@ void launch_attn_bwd(const AttnParams& p, void* stream);  // delta, then dQ, the
 // chosen with DFLASH_ATTN_FWD_VARIANT / DFLASH_ATTN_DQ_VARIANT / DFLASH_ATTN_DKV_VARIANT
 // (benchmarks only; the defaults are the measured best, see attention/kernel/NOTES.md).
 void launch_attn_bwd_stage(const AttnParams& p, int stage, void* stream);
+// The tile variant named by environment variable `name` (a benchmark knob, attention/kernel/NOTES.md):
+// `fallback` where it is unset or empty; anything but one of the `n` values in `allowed` is a
+// UserError naming the variable, the value and the allowed ones (a typo must not silently run
+// another kernel). kernel_variant.cpp; read at each launch.
+int kernel_variant_from_env(const char* name, const int* allowed, int n, int fallback);
 // Launches of the TMA-ring kernels (kernel/ws_sm90.cu: forward variants 7/8, dQ variant 6) so far
 // in this process: how a test tells them from the one-warpgroup kernels they fall back to where the
 // heads cannot be paired or TMA cannot describe a tensor.

@@ -38,14 +38,14 @@ constexpr int kThreads = 128;
 // (ws_sm90.cu; bit-identical to 4, and runs 4 where the heads cannot be paired; measured level with
 // 4, kernel/NOTES.md); 4 and 6 fall back to 3 where wgmma is unavailable). Read at each launch.
 int dq_variant() {
-  const char* e = std::getenv("DFLASH_ATTN_DQ_VARIANT");
-  return e ? std::atoi(e) : 4;
+  static constexpr int kAllowed[] = {1, 2, 3, 4, 6};
+  return kernel_variant_from_env("DFLASH_ATTN_DQ_VARIANT", kAllowed, 5, 4);
 }
 // dK/dV kernel variant (DFLASH_ATTN_DKV_VARIANT = 1: 4 warps x 16 keys, 2: 8 warps,
 // 3 (default): Hopper wgmma (bwd_sm90.cu; falls back to 1 where unavailable)).
 int dkv_variant() {
-  const char* e = std::getenv("DFLASH_ATTN_DKV_VARIANT");
-  return e ? std::atoi(e) : 3;
+  static constexpr int kAllowed[] = {1, 2, 3};
+  return kernel_variant_from_env("DFLASH_ATTN_DKV_VARIANT", kAllowed, 3, 3);
 }
 
 
@@ -474,13 +474,14 @@ void run_bwd(const AttnParams& p, cudaStream_t s, int stage) {
     DFLASH_CHECK_LAUNCH("attention backward delta");
   }
   if (stage < 0 || stage == 1) {
-    switch (dq_variant()) {
+    const int dqv = dq_variant();
+    switch (dqv) {
       case 1: run_dq<D, 1, 64>(p, s); break;
       case 2: run_dq<D, 2, 16>(p, s); break;
       case 3: run_dq<D, 2, 32>(p, s); break;
       default:
         if (!wgmma_supported()) run_dq<D, 2, 32>(p, s);
-        else if (!(dq_variant() == 6 && launch_dq_ws(p, s))) launch_dq_wgmma(p, s);
+        else if (!(dqv == 6 && launch_dq_ws(p, s))) launch_dq_wgmma(p, s);
         break;
     }
   }

@@ -37,8 +37,8 @@ constexpr int kThreads = 128;
 // bit-identical (KernelForwardVariants) and fall back to 3 where wgmma is unavailable; measured in
 // kernel/NOTES.md). Read at each launch.
 int fwd_variant() {
-  const char* e = std::getenv("DFLASH_ATTN_FWD_VARIANT");
-  return e ? std::atoi(e) : 7;
+  static constexpr int kAllowed[] = {1, 2, 3, 4, 5, 7, 8};
+  return kernel_variant_from_env("DFLASH_ATTN_FWD_VARIANT", kAllowed, 7, 7);
 }
 
 

@@ -21,11 +21,10 @@
 #include <vector>
 
 #include "attention/dflash_attention.h"
+#include "attention/kernel.h"
 #include "core/error.h"
 #if DFLASH_ATTENTION_KERNEL
 #include <c10/cuda/CUDAStream.h>
-
-#include "attention/kernel.h"
 #endif
 
 namespace dflash::attention {
@@ -355,6 +354,32 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"larger_gqa4", 2, 8, 2, 64, 16, 1500, 128, 1, true, 0.05, false},
         Case{"larger_d64_packed", 2, 4, 1, 40, 16, 900, 64, 2, true, 0.05, false}),
     [](const ::testing::TestParamInfo<Case>& i) { return std::string(i.param.name); });
+
+// The variant knobs (CPU): unset or empty gives the default, an allowed value itself; a typo, a value
+// outside the list (a removed variant) or trailing junk is one UserError naming the variable, the value
+// and the allowed values, instead of silently running another kernel.
+TEST(KernelVariantEnv, DefaultAllowedAndRejected) {
+  const char* name = "DFLASH_TEST_ATTN_VARIANT";
+  const int allowed[] = {1, 3, 7};
+  unsetenv(name);
+  EXPECT_EQ(kernel_variant_from_env(name, allowed, 3, 7), 7);
+  setenv(name, "", 1);
+  EXPECT_EQ(kernel_variant_from_env(name, allowed, 3, 7), 7);
+  setenv(name, "3", 1);
+  EXPECT_EQ(kernel_variant_from_env(name, allowed, 3, 7), 3);
+  for (const char* bad : {"9", "x", "3x", "-1", "07.5"}) {
+    setenv(name, bad, 1);
+    try {
+      kernel_variant_from_env(name, allowed, 3, 7);
+      ADD_FAILURE() << bad << " accepted";
+    } catch (const UserError& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find(std::string(name) + "=" + bad), std::string::npos) << m;
+      EXPECT_NE(m.find("one of 1, 3, 7"), std::string::npos) << m;
+    }
+  }
+  unsetenv(name);
+}
 
 TEST(KernelValidation, RejectsBadInputsWithNamedErrors) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device or kernel not built";
