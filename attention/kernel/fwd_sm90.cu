@@ -61,7 +61,6 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_fwd_wgmma_kernel(const Att
 
   const KeyWalk walk(reinterpret_cast<const int4*>(p.meta.qtiles)[(int64_t)b * nqt + qt]);
   const int ntiles = walk.ntiles;
-  auto tile_start = [&](int t) { return walk.start(t); };
 
   // Pipeline (wgmma groups and cp.async groups each complete in issue order): iteration t issues
   // S(t) = Q K(t)^T and then O += P(t-1) V(t-1); the softmax of tile t runs on the CUDA cores
@@ -70,9 +69,9 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_fwd_wgmma_kernel(const Att
   // once P(t-1) V(t-1) has completed (its buffer). cp.async groups: {Q, K0}, {V0}, K1, V1, K2, ...
   const uint32_t sQ = base, sK0 = base + S::kTile, sV0 = base + 3 * S::kTile;
   load_tile_w<kTileQ, D, kWgThreads>(sQ, q, p.q_sr, m0, p.q_len, tid);
-  if (ntiles > 0) load_tile_w<kTileK, D, kWgThreads>(sK0, k, p.k_sr, tile_start(0), p.kv_len, tid);
+  if (ntiles > 0) load_tile_w<kTileK, D, kWgThreads>(sK0, k, p.k_sr, walk.start(0), p.kv_len, tid);
   cp_async_commit();
-  if (ntiles > 0) load_tile_w<kTileK, D, kWgThreads>(sV0, v, p.v_sr, tile_start(0), p.kv_len, tid);
+  if (ntiles > 0) load_tile_w<kTileK, D, kWgThreads>(sV0, v, p.v_sr, walk.start(0), p.kv_len, tid);
   cp_async_commit();
 
   const int g = lane >> 2, t4 = lane & 3;
@@ -91,14 +90,14 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_fwd_wgmma_kernel(const Att
   for (int t = 0; t < ntiles; ++t) {
     const int buf = t & 1;
     if (t + 1 < ntiles)
-      load_tile_w<kTileK, D, kWgThreads>(sK0 + (buf ^ 1) * S::kTile, k, p.k_sr, tile_start(t + 1),
+      load_tile_w<kTileK, D, kWgThreads>(sK0 + (buf ^ 1) * S::kTile, k, p.k_sr, walk.start(t + 1),
                                          p.kv_len, tid);
     cp_async_commit();
     cp_async_wait<2>();  // K(t) and V(t-1) have landed
     fence_proxy_async();
     __syncthreads();
     const uint32_t sK = sK0 + buf * S::kTile;
-    const int n0 = tile_start(t);
+    const int n0 = walk.start(t);
     const bool ctx = walk.ctx(t);
 
     float s[8][4];
@@ -140,7 +139,7 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_fwd_wgmma_kernel(const Att
       for (int r = 0; r < 4; ++r) pa[kk][r] = pn[kk][r];
     __syncthreads();  // every warp is done with V(t-1)'s buffer
     if (t + 1 < ntiles)
-      load_tile_w<kTileK, D, kWgThreads>(sV0 + (buf ^ 1) * S::kTile, v, p.v_sr, tile_start(t + 1),
+      load_tile_w<kTileK, D, kWgThreads>(sV0 + (buf ^ 1) * S::kTile, v, p.v_sr, walk.start(t + 1),
                                          p.kv_len, tid);
     cp_async_commit();
   }
@@ -201,13 +200,12 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dq_wgmma_kernel(const 
 
   const KeyWalk walk(reinterpret_cast<const int4*>(p.meta.qtiles)[(int64_t)b * nqt + qt]);
   const int ntiles = walk.ntiles;
-  auto tile_start = [&](int t) { return walk.start(t); };
 
   const uint32_t sQ = base, sdO = base + S::kTile, sK0 = base + 2 * S::kTile, sV0 = base + 4 * S::kTile;
   load_tile_w<kTileQ, D, kWgThreads>(sQ, q, p.q_sr, m0, p.q_len, tid);
   load_tile_w<kTileQ, D, kWgThreads>(sdO, dout, p.do_sr, m0, p.q_len, tid);
   if (ntiles > 0) {
-    const int n0 = tile_start(0);
+    const int n0 = walk.start(0);
     load_tile_w<kTileK, D, kWgThreads>(sK0, k, p.k_sr, n0, p.kv_len, tid);
     load_tile_w<kTileK, D, kWgThreads>(sV0, v, p.v_sr, n0, p.kv_len, tid);
   }
@@ -234,7 +232,7 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dq_wgmma_kernel(const 
     fence_proxy_async();
     __syncthreads();
     const uint32_t sK = sK0 + buf * S::kTile, sV = sV0 + buf * S::kTile;
-    const int n0 = tile_start(t);
+    const int n0 = walk.start(t);
     const bool ctx = walk.ctx(t);
 
     float s[8][4], dp[8][4];
@@ -253,7 +251,7 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dq_wgmma_kernel(const 
     reg_fence_a(da);
     __syncthreads();  // every warp is past dQ(t-1): tile t-1's buffers may be refilled
     if (t + 1 < ntiles) {
-      const int n0n = tile_start(t + 1);
+      const int n0n = walk.start(t + 1);
       load_tile_w<kTileK, D, kWgThreads>(sK0 + (buf ^ 1) * S::kTile, k, p.k_sr, n0n, p.kv_len, tid);
       load_tile_w<kTileK, D, kWgThreads>(sV0 + (buf ^ 1) * S::kTile, v, p.v_sr, n0n, p.kv_len, tid);
     }

@@ -1,11 +1,12 @@
-// Forward and dQ pass of the DFlash attention with two query heads per CTA on a TMA K/V ring (Hopper, sm_90a): forward variant
-// 7 (8: the same with ping-pong between the consumers) and dQ variant 6.
+// Forward and dQ pass of the DFlash attention with two query heads per CTA on a TMA K/V ring
+// (Hopper, sm_90a): forward variant 7 (the default; 8: the same with ping-pong between the
+// warpgroups) and dQ variant 6 (measured level with the one-head dQ pass, which stays the default).
 //
 // One CTA per (64-row query tile, pair of query heads 2i and 2i+1 of one KV head), two warpgroups
 // (256 threads), warpgroup wg computing head 2i + wg with the schedule of the one-warpgroup kernels
 // in fwd_sm90.cu (forward variant 5, dQ variant 4). Both heads walk the same key tiles (one KV head,
 // one query tile, one mask), so each K/V tile comes from L2 once per pair of heads instead of once
-// per head (kernel/NOTES.md: the one-warpgroup forward and dQ pass are bound by L2 bandwidth). The
+// per head (ncu: the one-head forward kept L2 77% busy; the ring halves that, kernel/NOTES.md). The
 // tiles arrive by TMA in a ring of kStages buffers, each with a "full" mbarrier; a warp done with a
 // buffer counts itself out on a shared counter, and the warp that completes the count (the 8th)
 // issues the buffer's next tile at once. No producer warp: a ninth warp would put three warps on
@@ -73,9 +74,9 @@ __device__ __forceinline__ void load_kv(const WsMaps& maps, uint32_t base, int t
 
 // Thread 0, at the start: the barriers; the per-head tiles (NQ: Q of heads h0, h0 + 1, then dO of
 // both) on the last barrier; the first kStages key tiles.
-template <int D, int NQ, typename TileStart>
+template <int D, int NQ>
 __device__ __forceinline__ void ws_start(const WsMaps& maps, uint32_t base, int tid, int m0, int h0, int hk, int b,
-                                         int ntiles, TileStart tile_start) {
+                                         const KeyWalk& walk) {
   using S = WsSmem<D, NQ>;
   const uint32_t bars = base + S::kBars, qbar = bars + 8 * kStages;
   if (tid == 0) {
@@ -87,24 +88,24 @@ __device__ __forceinline__ void ws_start(const WsMaps& maps, uint32_t base, int 
 #pragma unroll
     for (int i = 0; i < NQ; ++i)
       tma_tile<D>(base + i * S::kTile, i < 2 ? &maps.q : &maps.dout, m0, h0 + (i & 1), b, qbar);
-    for (int t = 0; t < kStages && t < ntiles; ++t) load_kv<D, NQ>(maps, base, t, tile_start(t), hk, b);
+    for (int t = 0; t < kStages && t < walk.ntiles; ++t) load_kv<D, NQ>(maps, base, t, walk.start(t), hk, b);
   }
   __syncthreads();
 }
 
 // This warp is done with key tile t's buffer (every read of it retired). The 8th warp to say so
 // refills the buffer with tile t + kStages.
-template <int D, int NQ, typename TileStart>
+template <int D, int NQ>
 __device__ __forceinline__ void ws_release(const WsMaps& maps, uint32_t base, int lane, int t, int hk, int b,
-                                           int ntiles, TileStart tile_start) {
+                                           const KeyWalk& walk) {
   using S = WsSmem<D, NQ>;
   if (lane == 0) {
     const uint32_t cnt = base + S::kCounts + 4 * (t % kStages);
     if (atom_add_acq_rel_shared(cnt, 1) == 7) {
       st_shared_u32(cnt, 0);
-      if (t + kStages < ntiles) {
+      if (t + kStages < walk.ntiles) {
         fence_proxy_async();
-        load_kv<D, NQ>(maps, base, t + kStages, tile_start(t + kStages), hk, b);
+        load_kv<D, NQ>(maps, base, t + kStages, walk.start(t + kStages), hk, b);
       }
     }
   }
@@ -125,9 +126,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_ws_kernel(const AttnPa
   const int m0 = qt * kTileQ;
   const KeyWalk walk(reinterpret_cast<const int4*>(p.meta.qtiles)[(int64_t)b * nqt + qt]);
   const int ntiles = walk.ntiles;
-  auto tile_start = [&](int t) { return walk.start(t); };
   const uint32_t bars = base + S::kBars;
-  ws_start<D, 2>(maps, base, tid, m0, h0, hk, b, ntiles, tile_start);
+  ws_start<D, 2>(maps, base, tid, m0, h0, hk, b, walk);
 
   // Consumer warpgroup wg: query head h0 + wg; its warp w holds rows 16w .. 16w + 15 of the tile.
   // Iteration t issues S(t) = Q K(t)^T and O += P(t-1) V(t-1) (fwd_sm90.cu's variant 5), and
@@ -160,7 +160,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_ws_kernel(const AttnPa
   for (int t = 0; t < ntiles; ++t) {
     const uint32_t k_t = sK(t);
     mbar_wait(bars + 8 * (t % kStages), (t / kStages) & 1);
-    const int n0 = tile_start(t);
+    const int n0 = walk.start(t);
     const bool ctx = walk.ctx(t);
     if (PINGPONG) named_sync(1 + wg, kWsThreads);
     float s[8][4];
@@ -188,7 +188,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_ws_kernel(const AttnPa
     wg_wait<0>();  // P(t-1) V(t-1) done: tile t-1's buffer is released
     reg_fence(o);
     reg_fence_a(pa);
-    if (t > 0) ws_release<D, 2>(maps, base, lane, t - 1, hk, b, ntiles, tile_start);
+    if (t > 0) ws_release<D, 2>(maps, base, lane, t - 1, hk, b, walk);
     if (!keep_o) scale_rows(o, cA, cB);
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
@@ -229,9 +229,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_ws_kernel(const Att
   const int m0 = qt * kTileQ;
   const KeyWalk walk(reinterpret_cast<const int4*>(p.meta.qtiles)[(int64_t)b * nqt + qt]);
   const int ntiles = walk.ntiles;
-  auto tile_start = [&](int t) { return walk.start(t); };
   const uint32_t bars = base + S::kBars;
-  ws_start<D, 4>(maps, base, tid, m0, h0, hk, b, ntiles, tile_start);
+  ws_start<D, 4>(maps, base, tid, m0, h0, hk, b, walk);
 
   const int wg = warp >> 2, w = warp & 3;
   const int h = h0 + wg;
@@ -253,7 +252,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_ws_kernel(const Att
   for (int t = 0; t < ntiles; ++t) {
     const uint32_t k_t = sK(t), v_t = k_t + S::kTile;
     mbar_wait(bars + 8 * (t % kStages), (t / kStages) & 1);
-    const int n0 = tile_start(t);
+    const int n0 = walk.start(t);
     const bool ctx = walk.ctx(t);
     float s[8][4], dp[8][4];
     wg_fence();
@@ -267,7 +266,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_ws_kernel(const Att
     reg_fence(s);
     reg_fence(dq);
     reg_fence_a(da);
-    if (t > 0) ws_release<D, 4>(maps, base, lane, t - 1, hk, b, ntiles, tile_start);
+    if (t > 0) ws_release<D, 4>(maps, base, lane, t - 1, hk, b, walk);
 
     mask_tile(s, n0, ctx, rowA, rowB, t4);
     dq_p(s, sl2, rw);
