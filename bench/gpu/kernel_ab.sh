@@ -54,7 +54,7 @@ for c in $CONFIGS; do
   # shellcheck disable=SC2046
   env $(cfg_env "$c") timeout 120 "$BUILD/bench/target_bench" forward --shapes 8x2048,1x40000 --iters 4 \
     > "$OUT/target_$n.txt" 2>&1 || rc=1
-  echo "--- target, $n:"; grep "^|" "$OUT/target_$n.txt" | head -6
+  echo "--- target, $n:"; grep -A3 "^shape" "$OUT/target_$n.txt" | grep -E "^(shape|[0-9]+x[0-9]+) " | head -4
   # shellcheck disable=SC2046
   env $(cfg_env "$c") timeout 120 "$BUILD/bench/drafter_bench" --seq 40000 --rows 1 --anchors 2048 --attention kernel \
     --optimizer --iters 3 --warmup 1 > "$OUT/drafter_long_$n.txt" 2>&1 || rc=1
