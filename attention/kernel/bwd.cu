@@ -10,7 +10,6 @@
 // exchange for determinism and no fp32 accumulation buffer.
 #include <cuda_runtime.h>
 
-#include <cstdlib>
 #include <stdexcept>
 #include <string>
 

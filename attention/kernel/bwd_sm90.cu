@@ -38,13 +38,6 @@ struct DkvWgSmem {
   static constexpr int kBytes = 1024 + 2 * kTile + 2 * kStageAligned;  // +1024: base alignment
 };
 
-// dpt/dk fragments: wgmma's accumulator layout per warp equals mma.sync's C layout over n-tiles.
-template <int D>
-__device__ __forceinline__ void wgmma_dkv(float (&d)[D / 8][4], const uint32_t (&a)[4], uint64_t db) {
-  if constexpr (D == 128) wgmma_rs_n128_tb(d, a, db, 1);
-  else wgmma_rs_n64_tb(d, a, db, 1);
-}
-
 template <int D>
 __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dkv_wgmma_kernel(const AttnParams p) {
 #ifdef DFLASH_WGMMA
@@ -190,7 +183,7 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dkv_wgmma_kernel(const
     for (int kk = 0; kk < 4; ++kk) acc_to_a(st[2 * kk], st[2 * kk + 1], pa[kk]);
     wg_fence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wgmma_dkv<D>(dv, pa[kk], desc_mn<kTileQ>(sdO, kk));
+    for (int kk = 0; kk < 4; ++kk) wgmma_rs_nd_tb<D>(dv, pa[kk], desc_mn<kTileQ>(sdO, kk));
     wg_commit();
     wg_wait<1>();
     reg_fence(dpt);
@@ -211,7 +204,7 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dkv_wgmma_kernel(const
     for (int kk = 0; kk < 4; ++kk) acc_to_a(dpt[2 * kk], dpt[2 * kk + 1], da[kk]);
     wg_fence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wgmma_dkv<D>(dk, da[kk], desc_mn<kTileQ>(sQ, kk));
+    for (int kk = 0; kk < 4; ++kk) wgmma_rs_nd_tb<D>(dk, da[kk], desc_mn<kTileQ>(sQ, kk));
     wg_commit();
     wg_wait<1>();  // dV(i) done (pa free); dK(i) runs on under the next item's S^T, dP^T
     reg_fence(dv);

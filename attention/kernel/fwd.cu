@@ -8,7 +8,6 @@
 // tile the per-row mask is applied unless every row of the warp sees the whole tile.
 #include <cuda_runtime.h>
 
-#include <cstdlib>
 #include <stdexcept>
 #include <string>
 

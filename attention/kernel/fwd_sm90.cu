@@ -32,12 +32,6 @@ struct FwdWgSmem {
   static constexpr int kBytes = 1024 + 5 * kTile;  // Q, K x2, V x2 (+1024: base alignment)
 };
 
-template <int D>
-__device__ __forceinline__ void wgmma_pv(float (&o)[D / 8][4], const uint32_t (&a)[4], uint64_t db) {
-  if constexpr (D == 128) wgmma_rs_n128_tb(o, a, db, 1);
-  else wgmma_rs_n64_tb(o, a, db, 1);
-}
-
 // QREG: S = Q K^T with Q as a register operand (loaded once per CTA with ldmatrix; +D/4
 // registers), so that each S product reads only K from shared memory: with 64-key tiles the
 // smem-operand form reads Q's 64 x 16 slice again for every 64 x 64 x 16 step, as many bytes as
@@ -117,7 +111,7 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_fwd_wgmma_kernel(const Att
     if (t > 0) {
       reg_fence(o);
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) wgmma_pv<D>(o, pa[kk], desc_mn<kTileK>(sV0 + (buf ^ 1) * S::kTile, kk));
+      for (int kk = 0; kk < 4; ++kk) wgmma_rs_nd_tb<D>(o, pa[kk], desc_mn<kTileK>(sV0 + (buf ^ 1) * S::kTile, kk));
       wg_commit();
       wg_wait<1>();
     } else {
@@ -151,7 +145,7 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_fwd_wgmma_kernel(const Att
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
-      wgmma_pv<D>(o, pa[kk], desc_mn<kTileK>(sV0 + ((ntiles - 1) & 1) * S::kTile, kk));
+      wgmma_rs_nd_tb<D>(o, pa[kk], desc_mn<kTileK>(sV0 + ((ntiles - 1) & 1) * S::kTile, kk));
     wg_commit();
     wg_wait<0>();
     reg_fence(o);
@@ -264,7 +258,7 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dq_wgmma_kernel(const 
     dq_ds(s, dp, rw, da);
     wg_fence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wgmma_pv<D>(dq, da[kk], desc_mn<kTileK>(sK, kk));
+    for (int kk = 0; kk < 4; ++kk) wgmma_rs_nd_tb<D>(dq, da[kk], desc_mn<kTileK>(sK, kk));
     wg_commit();
   }
   wg_wait<0>();

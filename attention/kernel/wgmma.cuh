@@ -182,4 +182,13 @@ __device__ __forceinline__ void wgmma_rs_n128_tb(float (&d)[16][4], const uint32
 #endif
 }
 
+// D[64 x N] += A (registers) * B (smem, MN-major) for N = D, the head dim: the P V, dS K, P^T dO and
+// dS^T Q products (accumulators of D/8 n-tiles; per warp, wgmma's accumulator layout equals mma.sync's
+// C layout over the n-tiles).
+template <int D>
+__device__ __forceinline__ void wgmma_rs_nd_tb(float (&d)[D / 8][4], const uint32_t (&a)[4], uint64_t db) {
+  if constexpr (D == 128) wgmma_rs_n128_tb(d, a, db, 1);
+  else wgmma_rs_n64_tb(d, a, db, 1);
+}
+
 }  // namespace dflash::attention::dev

@@ -55,12 +55,6 @@ struct WsSmem {
   static constexpr int kBytes = 1024 + kCounts + 4 * kStages;
 };
 
-template <int D>
-__device__ __forceinline__ void wgmma_pv(float (&o)[D / 8][4], const uint32_t (&a)[4], uint64_t db) {
-  if constexpr (D == 128) wgmma_rs_n128_tb(o, a, db, 1);
-  else wgmma_rs_n64_tb(o, a, db, 1);
-}
-
 // K and V of key tile t (first key n0) into ring buffer t % kStages (one thread).
 template <int D, int NQ>
 __device__ __forceinline__ void load_kv(const WsMaps& maps, uint32_t base, int t, int n0, int hk, int b) {
@@ -112,34 +106,50 @@ __device__ __forceinline__ void ws_release(const WsMaps& maps, uint32_t base, in
   __syncwarp();
 }
 
+// A ring kernel's coordinates: the query tile (heavy, late-anchor tiles first when sorted), the
+// pair of query heads h0, h0 + 1 and their KV head, the tile's key walk; this thread's warpgroup wg
+// (head h = h0 + wg), its warp w there, and its rows ra and ra + 8 with their metadata records.
+struct WsCta {
+  int lane, wg, w, t4, qt, h0, h, hk, b, m0, ra;
+  int4 rowA, rowB;
+  KeyWalk walk;
+  __device__ __forceinline__ explicit WsCta(const AttnParams& p)
+      : lane(threadIdx.x & 31),
+        wg(threadIdx.x >> 7),
+        w((threadIdx.x >> 5) & 3),
+        t4(lane & 3),
+        qt(p.meta.nqt - 1 - (int)blockIdx.x),
+        h0(2 * blockIdx.y),
+        h(h0 + wg),
+        hk(h0 / (p.Hq / p.Hkv)),
+        b(blockIdx.z),
+        m0(qt * kTileQ),
+        ra(m0 + w * 16 + (lane >> 2)),
+        walk(reinterpret_cast<const int4*>(p.meta.qtiles)[(int64_t)b * p.meta.nqt + qt]) {
+    const int4* rows = reinterpret_cast<const int4*>(p.meta.rows) + (int64_t)b * p.meta.nqt * kTileQ;
+    rowA = rows[ra];
+    rowB = rows[ra + 8];
+  }
+};
+
 template <int D, bool PINGPONG>
 __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_ws_kernel(const AttnParams p, const __grid_constant__ WsMaps maps) {
 #ifdef DFLASH_WGMMA
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   using S = WsSmem<D, 2>;
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int nqt = p.meta.nqt;
-  const int qt = nqt - 1 - (int)blockIdx.x;  // heavy (late-anchor) tiles first when sorted
-  const int h0 = 2 * blockIdx.y, b = blockIdx.z;
-  const int hk = h0 / (p.Hq / p.Hkv);
-  const int m0 = qt * kTileQ;
-  const KeyWalk walk(reinterpret_cast<const int4*>(p.meta.qtiles)[(int64_t)b * nqt + qt]);
+  const WsCta c(p);
+  const int lane = c.lane, wg = c.wg, w = c.w, t4 = c.t4, hk = c.hk, b = c.b;
+  const KeyWalk& walk = c.walk;
   const int ntiles = walk.ntiles;
   const uint32_t bars = base + S::kBars;
-  ws_start<D, 2>(maps, base, tid, m0, h0, hk, b, walk);
+  ws_start<D, 2>(maps, base, threadIdx.x, c.m0, c.h0, hk, b, walk);
 
-  // Consumer warpgroup wg: query head h0 + wg; its warp w holds rows 16w .. 16w + 15 of the tile.
-  // Iteration t issues S(t) = Q K(t)^T and O += P(t-1) V(t-1) (fwd_sm90.cu's variant 5), and
-  // releases tile t-1's buffer once P(t-1) V(t-1) has retired.
-  const int wg = warp >> 2, w = warp & 3;
-  const int h = h0 + wg;
+  // Warpgroup wg computes query head h0 + wg. Iteration t issues S(t) = Q K(t)^T and
+  // O += P(t-1) V(t-1) (fwd_sm90.cu's variant 5), and releases tile t-1's buffer once
+  // P(t-1) V(t-1) has retired.
   const uint32_t sQ = base + wg * S::kTile;
   auto sK = [&](int t) { return base + S::kRing + 2 * (t % kStages) * S::kTile; };
-  const int g = lane >> 2, t4 = lane & 3;
-  const int ra = m0 + w * 16 + g, rb = ra + 8;
-  const int4* rows = reinterpret_cast<const int4*>(p.meta.rows) + (int64_t)b * nqt * kTileQ;
-  const int4 rowA = rows[ra], rowB = rows[rb];
   const float sl2 = p.scale * kLog2e;
   float o[D / 8][4];
 #pragma unroll
@@ -171,7 +181,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_ws_kernel(const AttnPa
     if (t > 0) {
       reg_fence(o);
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) wgmma_pv<D>(o, pa[kk], desc_mn<kTileK>(sK(t - 1) + S::kTile, kk));
+      for (int kk = 0; kk < 4; ++kk) wgmma_rs_nd_tb<D>(o, pa[kk], desc_mn<kTileK>(sK(t - 1) + S::kTile, kk));
       wg_commit();
       if (PINGPONG) named_arrive(2 - wg, kWsThreads);
       wg_wait<1>();
@@ -181,7 +191,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_ws_kernel(const AttnPa
     }
     reg_fence(s);
 
-    mask_tile(s, n0, ctx, rowA, rowB, t4);
+    mask_tile(s, n0, ctx, c.rowA, c.rowB, t4);
     float cA, cB;
     uint32_t pn[4][4];
     const bool keep_o = softmax_step(s, mA, mB, lA, lB, sl2, pn, cA, cB);
@@ -200,14 +210,14 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_ws_kernel(const AttnPa
     reg_fence(o);
     wg_fence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wgmma_pv<D>(o, pa[kk], desc_mn<kTileK>(sK(ntiles - 1) + S::kTile, kk));
+    for (int kk = 0; kk < 4; ++kk) wgmma_rs_nd_tb<D>(o, pa[kk], desc_mn<kTileK>(sK(ntiles - 1) + S::kTile, kk));
     wg_commit();
     wg_wait<0>();
     reg_fence(o);
     reg_fence_a(pa);
   }
 
-  store_fwd_rows<D>(p, b, h, ra, t4, o, mA, mB, lA, lB, sl2);
+  store_fwd_rows<D>(p, b, c.h, c.ra, t4, o, mA, mB, lA, lB, sl2);
 #endif
 }
 
@@ -221,26 +231,16 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_ws_kernel(const Att
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   using S = WsSmem<D, 4>;
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int nqt = p.meta.nqt;
-  const int qt = nqt - 1 - (int)blockIdx.x;
-  const int h0 = 2 * blockIdx.y, b = blockIdx.z;
-  const int hk = h0 / (p.Hq / p.Hkv);
-  const int m0 = qt * kTileQ;
-  const KeyWalk walk(reinterpret_cast<const int4*>(p.meta.qtiles)[(int64_t)b * nqt + qt]);
+  const WsCta c(p);
+  const int lane = c.lane, wg = c.wg, t4 = c.t4, hk = c.hk, b = c.b;
+  const KeyWalk& walk = c.walk;
   const int ntiles = walk.ntiles;
   const uint32_t bars = base + S::kBars;
-  ws_start<D, 4>(maps, base, tid, m0, h0, hk, b, walk);
+  ws_start<D, 4>(maps, base, threadIdx.x, c.m0, c.h0, hk, b, walk);
 
-  const int wg = warp >> 2, w = warp & 3;
-  const int h = h0 + wg;
   const uint32_t sQ = base + wg * S::kTile, sdO = base + (2 + wg) * S::kTile;
   auto sK = [&](int t) { return base + S::kRing + 2 * (t % kStages) * S::kTile; };
-  const int g = lane >> 2, t4 = lane & 3;
-  const int ra = m0 + w * 16 + g, rb = ra + 8;
-  const int4* rows = reinterpret_cast<const int4*>(p.meta.rows) + (int64_t)b * nqt * kTileQ;
-  const int4 rowA = rows[ra], rowB = rows[rb];
-  const DqRows rw = dq_rows(p, b, h, ra);
+  const DqRows rw = dq_rows(p, b, c.h, c.ra);
   const float sl2 = p.scale * kLog2e;
 
   float dq[D / 8][4];
@@ -268,21 +268,21 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_ws_kernel(const Att
     reg_fence_a(da);
     if (t > 0) ws_release<D, 4>(maps, base, lane, t - 1, hk, b, walk);
 
-    mask_tile(s, n0, ctx, rowA, rowB, t4);
+    mask_tile(s, n0, ctx, c.rowA, c.rowB, t4);
     dq_p(s, sl2, rw);
     wg_wait<0>();
     reg_fence(dp);
     dq_ds(s, dp, rw, da);
     wg_fence();
 #pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wgmma_pv<D>(dq, da[kk], desc_mn<kTileK>(k_t, kk));
+    for (int kk = 0; kk < 4; ++kk) wgmma_rs_nd_tb<D>(dq, da[kk], desc_mn<kTileK>(k_t, kk));
     wg_commit();
   }
   wg_wait<0>();
   reg_fence(dq);
   reg_fence_a(da);
 
-  store_dq_rows<D>(p, b, h, ra, t4, dq);
+  store_dq_rows<D>(p, b, c.h, c.ra, t4, dq);
 #endif
 }
 

@@ -200,6 +200,29 @@ Grads kernel_raw(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   return {o, dq, dk, dv};
 }
 
+// Sets an environment variable for its lifetime and puts back what was there (so that a suite run
+// with a variant set keeps it after the tests that choose their own).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* e = std::getenv(name);
+    had_ = e != nullptr;
+    if (had_) saved_ = e;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had_) setenv(name_, saved_.c_str(), 1);
+    else unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::string saved_;
+  bool had_ = false;
+};
+
 // Random bf16 q [B, Hq, N*bs, d], k and v [B, Hkv, C + N*bs, d], dout like q (the global seed).
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> random_qkv_dout(const Case& c, at::Device dev) {
   auto opt = at::TensorOptions().device(dev).dtype(at::kBFloat16);
@@ -300,23 +323,10 @@ TEST(KernelForwardVariants, VariantsEqualTheSharedMemoryKernelBitwise) {
     struct Run {
       at::Tensor o, lse, dq;
     };
-    auto run = [&](const char* fwd, const char* dq) {  // restores the variables after each run, so
-      const char* names[2] = {"DFLASH_ATTN_FWD_VARIANT", "DFLASH_ATTN_DQ_VARIANT"};  // that a suite
-      const char* values[2] = {fwd, dq};                                              // run with a
-      std::string saved[2];                                                           // variant set
-      bool had[2];                                                                    // keeps it
-      for (int i = 0; i < 2; ++i) {
-        const char* e = std::getenv(names[i]);
-        had[i] = e != nullptr;
-        saved[i] = e ? e : "";
-        setenv(names[i], values[i], 1);
-      }
+    auto run = [&](const char* fwd, const char* dq) {
+      const ScopedEnv f("DFLASH_ATTN_FWD_VARIANT", fwd), d("DFLASH_ATTN_DQ_VARIANT", dq);
       Run r;
       Grads g = kernel_raw(q, k, v, prep.kernel_meta, dout, &r.lse);
-      for (int i = 0; i < 2; ++i) {
-        if (had[i]) setenv(names[i], saved[i].c_str(), 1);
-        else unsetenv(names[i]);
-      }
       r.o = g.o;
       r.dq = g.dq;
       return r;
