@@ -54,15 +54,20 @@ __device__ __forceinline__ uint64_t desc_encode(uint32_t addr, uint32_t lbo, uin
   return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)((lbo & 0x3FFFF) >> 4) << 16) |
          ((uint64_t)((sbo & 0x3FFFF) >> 4) << 32) | (1ull << 62);
 }
+// The descriptors below are the tile's descriptor plus the step's offset / 16 added to the address
+// field: one add per product once the tile's descriptor is formed (the compiler shares it between
+// the steps), where encoding each step's address anew cost four uniform-datapath instructions per
+// wgmma (the dQ pass spent 31% of its PC samples on them, bench/gpu/attention_stalls.sh). Exact: the
+// field holds address / 16 in 14 bits and shared-memory addresses stay below 2^18.
 // K-major operand (rows = M or N, k = the contiguous dim) of an R-row tile, k-step ks (16 elems).
 template <int R>
 __device__ __forceinline__ uint64_t desc_k(uint32_t tile, int ks) {
-  return desc_encode(tile + (ks >> 2) * (R * 128) + (ks & 3) * 32, 16, 1024);
+  return desc_encode(tile, 16, 1024) + (uint64_t)(((ks >> 2) * (R * 128) + (ks & 3) * 32) >> 4);
 }
 // MN-major operand: the tile's rows are the k dim (16 rows per step kk), its columns N.
 template <int R>
 __device__ __forceinline__ uint64_t desc_mn(uint32_t tile, int kk) {
-  return desc_encode(tile + kk * 2048, R * 128, 1024);
+  return desc_encode(tile, R * 128, 1024) + (uint64_t)((kk * 2048) >> 4);
 }
 
 __device__ __forceinline__ void wg_fence() {
