@@ -22,7 +22,7 @@ namespace dflash::attention {
 bool wgmma_supported();                                   // bwd_sm90.cu
 void launch_dkv_wgmma(const AttnParams& p, void* stream);  // bwd_sm90.cu
 void launch_dq_wgmma(const AttnParams& p, void* stream);   // fwd_sm90.cu
-bool launch_dq_ws(const AttnParams& p, void* stream);     // ws_sm90.cu
+bool launch_dq_ws(const AttnParams& p, int variant, void* stream);     // ws_sm90.cu
 
 namespace {
 
@@ -37,8 +37,8 @@ constexpr int kThreads = 128;
 // (ws_sm90.cu; bit-identical to 4, and runs 4 where the heads cannot be paired; measured level with
 // 4, kernel/NOTES.md); 4 and 6 fall back to 3 where wgmma is unavailable). Read at each launch.
 int dq_variant() {
-  static constexpr int kAllowed[] = {1, 2, 3, 4, 6};
-  return kernel_variant_from_env("DFLASH_ATTN_DQ_VARIANT", kAllowed, 5, 4);
+  static constexpr int kAllowed[] = {1, 2, 3, 4, 6, 7};
+  return kernel_variant_from_env("DFLASH_ATTN_DQ_VARIANT", kAllowed, 6, 4);
 }
 // dK/dV kernel variant (DFLASH_ATTN_DKV_VARIANT = 1: 4 warps x 16 keys, 2: 8 warps,
 // 3 (default): Hopper wgmma (bwd_sm90.cu; falls back to 1 where unavailable)).
@@ -480,7 +480,7 @@ void run_bwd(const AttnParams& p, cudaStream_t s, int stage) {
       case 3: run_dq<D, 2, 32>(p, s); break;
       default:
         if (!wgmma_supported()) run_dq<D, 2, 32>(p, s);
-        else if (!(dqv == 6 && launch_dq_ws(p, s))) launch_dq_wgmma(p, s);
+        else if (!((dqv == 6 || dqv == 7) && launch_dq_ws(p, dqv, s))) launch_dq_wgmma(p, s);
         break;
     }
   }

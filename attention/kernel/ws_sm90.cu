@@ -46,20 +46,21 @@ struct WsMaps {
 // Shared memory: NQ per-head tiles (Q for 2 heads; dQ pass: Q and dO for 2 heads), then the ring
 // (K, V per stage), then the mbarriers full[kStages] and one for the per-head tiles, then the
 // per-stage release counters.
-template <int D, int NQ>
+template <int D, int NQ, int ST = kStages>
 struct WsSmem {
   static constexpr int kTile = kTileQ * D * 2;  // == kTileK * D * 2
   static constexpr int kRing = NQ * kTile;
-  static constexpr int kBars = kRing + 2 * kStages * kTile;
-  static constexpr int kCounts = kBars + 8 * (kStages + 1);
-  static constexpr int kBytes = 1024 + kCounts + 4 * kStages;
+  static constexpr int kBars = kRing + 2 * ST * kTile;
+  static constexpr int kCounts = kBars + 8 * (ST + 1);
+  static constexpr int kBytes = 1024 + kCounts + 4 * ST;
+  static_assert(kBytes <= 227 * 1024, "ring does not fit in shared memory");
 };
 
-// K and V of key tile t (first key n0) into ring buffer t % kStages (one thread).
-template <int D, int NQ>
+// K and V of key tile t (first key n0) into ring buffer t % ST (one thread).
+template <int D, int NQ, int ST>
 __device__ __forceinline__ void load_kv(const WsMaps& maps, uint32_t base, int t, int n0, int hk, int b) {
-  using S = WsSmem<D, NQ>;
-  const int st = t % kStages;
+  using S = WsSmem<D, NQ, ST>;
+  const int st = t % ST;
   const uint32_t full = base + S::kBars + 8 * st, sK = base + S::kRing + 2 * st * S::kTile;
   mbar_arrive_expect_tx(full, 2 * S::kTile);
   tma_tile<D>(sK, &maps.k, n0, hk, b, full);
@@ -67,39 +68,39 @@ __device__ __forceinline__ void load_kv(const WsMaps& maps, uint32_t base, int t
 }
 
 // Thread 0, at the start: the barriers; the per-head tiles (NQ: Q of heads h0, h0 + 1, then dO of
-// both) on the last barrier; the first kStages key tiles.
-template <int D, int NQ>
+// both) on the last barrier; the first ST key tiles.
+template <int D, int NQ, int ST = kStages>
 __device__ __forceinline__ void ws_start(const WsMaps& maps, uint32_t base, int tid, int m0, int h0, int hk, int b,
                                          const KeyWalk& walk) {
-  using S = WsSmem<D, NQ>;
-  const uint32_t bars = base + S::kBars, qbar = bars + 8 * kStages;
+  using S = WsSmem<D, NQ, ST>;
+  const uint32_t bars = base + S::kBars, qbar = bars + 8 * ST;
   if (tid == 0) {
-    for (int i = 0; i < kStages; ++i) mbar_init(bars + 8 * i, 1);  // the loader's expect_tx
+    for (int i = 0; i < ST; ++i) mbar_init(bars + 8 * i, 1);  // the loader's expect_tx
     mbar_init(qbar, 1);
-    for (int i = 0; i < kStages; ++i) st_shared_u32(base + S::kCounts + 4 * i, 0);
+    for (int i = 0; i < ST; ++i) st_shared_u32(base + S::kCounts + 4 * i, 0);
     fence_mbar_init();
     mbar_arrive_expect_tx(qbar, NQ * S::kTile);
 #pragma unroll
     for (int i = 0; i < NQ; ++i)
       tma_tile<D>(base + i * S::kTile, i < 2 ? &maps.q : &maps.dout, m0, h0 + (i & 1), b, qbar);
-    for (int t = 0; t < kStages && t < walk.ntiles; ++t) load_kv<D, NQ>(maps, base, t, walk.start(t), hk, b);
+    for (int t = 0; t < ST && t < walk.ntiles; ++t) load_kv<D, NQ, ST>(maps, base, t, walk.start(t), hk, b);
   }
   __syncthreads();
 }
 
 // This warp is done with key tile t's buffer (every read of it retired). The 8th warp to say so
-// refills the buffer with tile t + kStages.
-template <int D, int NQ>
+// refills the buffer with tile t + ST.
+template <int D, int NQ, int ST = kStages>
 __device__ __forceinline__ void ws_release(const WsMaps& maps, uint32_t base, int lane, int t, int hk, int b,
                                            const KeyWalk& walk) {
-  using S = WsSmem<D, NQ>;
+  using S = WsSmem<D, NQ, ST>;
   if (lane == 0) {
-    const uint32_t cnt = base + S::kCounts + 4 * (t % kStages);
+    const uint32_t cnt = base + S::kCounts + 4 * (t % ST);
     if (atom_add_acq_rel_shared(cnt, 1) == 7) {
       st_shared_u32(cnt, 0);
-      if (t + kStages < walk.ntiles) {
+      if (t + ST < walk.ntiles) {
         fence_proxy_async();
-        load_kv<D, NQ>(maps, base, t + kStages, walk.start(t + kStages), hk, b);
+        load_kv<D, NQ, ST>(maps, base, t + ST, walk.start(t + ST), hk, b);
       }
     }
   }
@@ -286,6 +287,193 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_ws_kernel(const Att
 #endif
 }
 
+// "Late waits" (forward variant 10, dQ variant 7): the same products and the same arithmetic in the
+// same order as forward variant 7 and dQ variant 6 (bit-identical), scheduled so that no wgmma wait
+// follows the CUDA-core work it is meant to overlap within one basic block. ptxas schedules a
+// wait_group like an instruction with no inputs, at the top of its block: in variants 5-8 and dQ 4/6
+// the softmax (forward) and P (dQ) sat in SASS after the WARPGROUP.DEPBAR that retires P V (resp.
+// dP), so they never ran under that product (kernel/NOTES.md, "v6"). Here every wait comes right
+// after the issue of the next product, and the CUDA-core work of a tile ends its loop iteration:
+//   forward, iteration t: S(t) issued; wait<1> retires P(t-2) V(t-2); O rescaled by c(t-1);
+//     P(t-1) V(t-1) issued; wait<1> retires S(t); softmax(t) runs under P(t-1) V(t-1).
+//   dQ, iteration t: S(t) issued; wait<1> retires dP(t-1) and dQ(t-2); dS(t-1) under S(t);
+//     dQ += dS(t-1) K(t-1) and dP(t) issued; wait<2> retires S(t); P(t) runs under both.
+// A buffer is released two tiles back (P V, resp. dQ, reads it one iteration later than before), so
+// the ring is deeper (kLwFwdStages, kLwDqStages: what fits in shared memory at d = 128).
+constexpr int kLwFwdStages = 6;
+constexpr int kLwDqStages = 5;
+
+template <int D>
+__global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_ws_lw_kernel(const AttnParams p, const __grid_constant__ WsMaps maps) {
+#ifdef DFLASH_WGMMA
+  constexpr int ST = kLwFwdStages;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  using S = WsSmem<D, 2, ST>;
+  const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const WsCta c(p);
+  const int lane = c.lane, wg = c.wg, w = c.w, t4 = c.t4, hk = c.hk, b = c.b;
+  const KeyWalk& walk = c.walk;
+  const int ntiles = walk.ntiles;
+  const uint32_t bars = base + S::kBars;
+  ws_start<D, 2, ST>(maps, base, threadIdx.x, c.m0, c.h0, hk, b, walk);
+
+  const uint32_t sQ = base + wg * S::kTile;
+  auto sK = [&](int t) { return base + S::kRing + 2 * (t % ST) * S::kTile; };
+  const float sl2 = p.scale * kLog2e;
+  float o[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float mA = -INFINITY, mB = -INFINITY, lA = 0.f, lB = 0.f;
+  float cA = 1.f, cB = 1.f;  // O's rescale for the newest softmax, applied before its P V
+  bool keep_o = true;
+  uint32_t pa[4][4], pn[4][4];  // P of the tile in flight in P V, P of the newest softmax
+  uint32_t qa[D / 16][4];
+  mbar_wait(bars + 8 * ST, 0);  // Q has landed
+  __syncwarp();                 // converged before the register A operands (see the forward above)
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) load_a_w<kTileQ>(sQ, w, ks, lane, qa[ks]);
+
+  // A tile that sees no key returns here, so that the loop below runs at least once and its last
+  // P V is retired on every path (where ptxas finds a path with a product in flight at the stores, it
+  // serialises every wgmma of the kernel).
+  if (ntiles == 0) {
+    store_fwd_rows<D>(p, b, c.h, c.ra, t4, o, mA, mB, lA, lB, sl2);
+    return;
+  }
+  for (int t = 0; t < ntiles; ++t) {
+    const uint32_t k_t = sK(t);
+    mbar_wait(bars + 8 * (t % ST), (t / ST) & 1);
+    const int n0 = walk.start(t);
+    const bool ctx = walk.ctx(t);
+    float s[8][4];
+    wg_fence();
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) wgmma_rs_n64_kb(s, qa[ks], desc_k<kTileK>(k_t, ks), ks > 0);
+    wg_commit();
+    if (t > 0) {
+      // S(t) and P(t-2) V(t-2) retired (the latter ran under softmax(t-1)). A wait<1> here (S(t)
+      // left running) makes ptxas serialise every wgmma: it cannot tell that O is then settled.
+      wg_wait<0>();
+      reg_fence(o);
+      reg_fence_a(pa);
+      if (t > 1) ws_release<D, 2, ST>(maps, base, lane, t - 2, hk, b, walk);
+      if (!keep_o) scale_rows(o, cA, cB);
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) pa[kk][r] = pn[kk][r];
+      wg_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) wgmma_rs_nd_tb<D>(o, pa[kk], desc_mn<kTileK>(sK(t - 1) + S::kTile, kk));
+      wg_commit();  // P(t-1) V(t-1) runs under the softmax below
+    } else {
+      wg_wait<0>();
+    }
+    reg_fence(s);
+    mask_tile(s, n0, ctx, c.rowA, c.rowB, t4);
+    keep_o = softmax_step(s, mA, mB, lA, lB, sl2, pn, cA, cB);
+  }
+  wg_wait<0>();
+  reg_fence(o);
+  reg_fence_a(pa);
+  if (!keep_o) scale_rows(o, cA, cB);
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) pa[kk][r] = pn[kk][r];
+  wg_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) wgmma_rs_nd_tb<D>(o, pa[kk], desc_mn<kTileK>(sK(ntiles - 1) + S::kTile, kk));
+  wg_commit();
+  wg_wait<0>();
+  reg_fence(o);
+  reg_fence_a(pa);
+
+  store_fwd_rows<D>(p, b, c.h, c.ra, t4, o, mA, mB, lA, lB, sl2);
+#endif
+}
+
+template <int D>
+__global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_ws_lw_kernel(const AttnParams p, const __grid_constant__ WsMaps maps) {
+#ifdef DFLASH_WGMMA
+  constexpr int ST = kLwDqStages;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  using S = WsSmem<D, 4, ST>;
+  const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const WsCta c(p);
+  const int lane = c.lane, wg = c.wg, t4 = c.t4, hk = c.hk, b = c.b;
+  const KeyWalk& walk = c.walk;
+  const int ntiles = walk.ntiles;
+  const uint32_t bars = base + S::kBars;
+  ws_start<D, 4, ST>(maps, base, threadIdx.x, c.m0, c.h0, hk, b, walk);
+
+  const uint32_t sQ = base + wg * S::kTile, sdO = base + (2 + wg) * S::kTile;
+  auto sK = [&](int t) { return base + S::kRing + 2 * (t % ST) * S::kTile; };
+  const DqRows rw = dq_rows(p, b, c.h, c.ra);
+  const float sl2 = p.scale * kLog2e;
+
+  float dq[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
+  mbar_wait(bars + 8 * ST, 0);
+
+  if (ntiles == 0) {  // as in the forward above: the loop then runs at least once
+    store_dq_rows<D>(p, b, c.h, c.ra, t4, dq);
+    return;
+  }
+  uint32_t da[4][4];  // dS(t-1): A operand of dQ(t-1), in flight into iteration t+1
+  float pp[8][4];     // P(t-1)
+  float dp[8][4];     // dP(t-1) accumulator, in flight into iteration t
+  for (int t = 0; t < ntiles; ++t) {
+    const uint32_t k_t = sK(t), v_t = k_t + S::kTile;
+    mbar_wait(bars + 8 * (t % ST), (t / ST) & 1);
+    const int n0 = walk.start(t);
+    const bool ctx = walk.ctx(t);
+    float s[8][4];
+    wg_fence();
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) wgmma_ss_n64(s, desc_k<kTileQ>(sQ, ks), desc_k<kTileK>(k_t, ks), ks > 0);
+    wg_commit();
+    wg_wait<0>();  // S(t), dP(t-1) and dQ(t-2) retired (wait<1> here: ptxas serialises, as above)
+    reg_fence(s);
+    if (t > 0) {
+      reg_fence(dp);
+      reg_fence(dq);
+      reg_fence_a(da);
+      if (t > 1) ws_release<D, 4, ST>(maps, base, lane, t - 2, hk, b, walk);
+      dq_ds(pp, dp, rw, da);
+      wg_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) wgmma_rs_nd_tb<D>(dq, da[kk], desc_mn<kTileK>(sK(t - 1), kk));
+      wg_commit();
+    }
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) wgmma_ss_n64(dp, desc_k<kTileQ>(sdO, ks), desc_k<kTileK>(v_t, ks), ks > 0);
+    wg_commit();  // dQ(t-1) and dP(t) run under P(t) below
+    mask_tile(s, n0, ctx, c.rowA, c.rowB, t4);
+    dq_p(s, sl2, rw);
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) pp[j][e] = s[j][e];
+  }
+  wg_wait<0>();
+  reg_fence(dp);
+  reg_fence(dq);
+  reg_fence_a(da);
+  dq_ds(pp, dp, rw, da);
+  wg_fence();
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) wgmma_rs_nd_tb<D>(dq, da[kk], desc_mn<kTileK>(sK(ntiles - 1), kk));
+  wg_commit();
+  wg_wait<0>();
+  reg_fence(dq);
+  reg_fence_a(da);
+
+  store_dq_rows<D>(p, b, c.h, c.ra, t4, dq);
+#endif
+}
+
 // The driver's cuTensorMapEncodeTiled, found once through the runtime (no libcuda link); null when
 // the driver lacks it.
 PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
@@ -344,12 +532,16 @@ void launch(Kern kern, int smem, const AttnParams& p, const WsMaps& maps, cudaSt
 
 int64_t ws_launch_count() { return g_ws_launches.load(std::memory_order_relaxed); }
 
-bool launch_fwd_ws(const AttnParams& p, bool pingpong, void* stream) {
+bool launch_fwd_ws(const AttnParams& p, int variant, void* stream) {
   WsMaps maps{};
   if (!ws_maps(p, false, &maps)) return false;
   auto s = static_cast<cudaStream_t>(stream);
   const char* what = "attention forward (two heads per CTA)";
-  if (p.d == 128) {
+  const bool pingpong = variant == 8;
+  if (variant == 10) {
+    if (p.d == 128) launch(attn_fwd_ws_lw_kernel<128>, WsSmem<128, 2, kLwFwdStages>::kBytes, p, maps, s, what);
+    else launch(attn_fwd_ws_lw_kernel<64>, WsSmem<64, 2, kLwFwdStages>::kBytes, p, maps, s, what);
+  } else if (p.d == 128) {
     pingpong ? launch(attn_fwd_ws_kernel<128, true>, WsSmem<128, 2>::kBytes, p, maps, s, what)
              : launch(attn_fwd_ws_kernel<128, false>, WsSmem<128, 2>::kBytes, p, maps, s, what);
   } else {
@@ -359,12 +551,15 @@ bool launch_fwd_ws(const AttnParams& p, bool pingpong, void* stream) {
   return true;
 }
 
-bool launch_dq_ws(const AttnParams& p, void* stream) {
+bool launch_dq_ws(const AttnParams& p, int variant, void* stream) {
   WsMaps maps{};
   if (!ws_maps(p, true, &maps)) return false;
   auto s = static_cast<cudaStream_t>(stream);
   const char* what = "attention backward dq (two heads per CTA)";
-  if (p.d == 128) launch(attn_bwd_dq_ws_kernel<128>, WsSmem<128, 4>::kBytes, p, maps, s, what);
+  if (variant == 7) {
+    if (p.d == 128) launch(attn_bwd_dq_ws_lw_kernel<128>, WsSmem<128, 4, kLwDqStages>::kBytes, p, maps, s, what);
+    else launch(attn_bwd_dq_ws_lw_kernel<64>, WsSmem<64, 4, kLwDqStages>::kBytes, p, maps, s, what);
+  } else if (p.d == 128) launch(attn_bwd_dq_ws_kernel<128>, WsSmem<128, 4>::kBytes, p, maps, s, what);
   else launch(attn_bwd_dq_ws_kernel<64>, WsSmem<64, 4>::kBytes, p, maps, s, what);
   return true;
 }

@@ -302,18 +302,21 @@ TEST_P(KernelVsReference, MatchesDenseFp32WithinTwiceSdpaError) {
 #endif
 }
 
-// Forward variants 5 (Q as a register operand of S), 7 and 8 (two-head, two query heads
-// per CTA on a TMA K/V ring; 8 with ping-pong) and dQ variant 6 (two heads per CTA) against the
+// Forward variants 5 (Q as a register operand of S), 7, 8 and 10 (two query heads per CTA on a TMA
+// K/V ring; 8 with ping-pong, 10 with the late-wait schedule) and dQ variants 6 and 7 (two heads per
+// CTA; 7 late-wait) against the
 // one-warpgroup kernels with Q from shared memory (forward 4, dQ 4): the same bf16 operands into the
 // same wgmma k-steps in the same order, so O, LSE and dQ must be bit-identical; a wrong fragment
 // layout, k-step, ring slot or barrier phase shows up as a difference. Both cases pair their heads
-// (even group sizes), so 7, 8 and 6 run their own kernels here; the d64 case has 23 blocks (a ragged
-// last query tile) and unsorted anchors (tiles of different key ranges).
+// (even group sizes), so 7, 8, 10, 6 and 7 run their own kernels here; the d64 case has 23 blocks (a
+// ragged last query tile) and unsorted anchors (tiles of different key ranges); the dropped-row case
+// has query tiles that see no key (the late-wait kernels return early there).
 TEST(KernelForwardVariants, VariantsEqualTheSharedMemoryKernelBitwise) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device or kernel not built";
 #if DFLASH_ATTENTION_KERNEL
   for (const Case& c : {Case{"d128", 2, 8, 2, 40, 16, 700, 128, 2, true, 0.1, false},
-                        Case{"d64_unsorted", 1, 4, 2, 23, 16, 333, 64, 1, false, 0.1, false}}) {
+                        Case{"d64_unsorted", 1, 4, 2, 23, 16, 333, 64, 1, false, 0.1, false},
+                        Case{"d128_dropped_row", 2, 4, 2, 9, 16, 130, 128, 1, true, 0.0, true}}) {
     std::mt19937 rng(99 + c.d);
     at::manual_seed(7 + c.d);
     const at::Device dev(at::kCUDA, 0);
@@ -333,7 +336,7 @@ TEST(KernelForwardVariants, VariantsEqualTheSharedMemoryKernelBitwise) {
     };
     const Run ref = run("4", "4");
     ASSERT_FALSE(has_nan(ref.o)) << c.name;
-    for (auto [fwd, dq] : {std::pair{"5", "4"}, std::pair{"7", "6"}, std::pair{"8", "6"}}) {
+    for (auto [fwd, dq] : {std::pair{"5", "4"}, std::pair{"7", "6"}, std::pair{"8", "6"}, std::pair{"10", "7"}}) {
       const int64_t ws_before = ws_launch_count();
       const Run r = run(fwd, dq);
       if (fwd[0] != '5') {
