@@ -287,111 +287,22 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_ws_kernel(const Att
 #endif
 }
 
-// "Late waits" (forward variant 10, dQ variant 7): the same products and the same arithmetic in the
-// same order as forward variant 7 and dQ variant 6 (bit-identical), scheduled so that no wgmma wait
-// follows the CUDA-core work it is meant to overlap within one basic block. ptxas schedules a
-// wait_group like an instruction with no inputs, at the top of its block: in variants 5-8 and dQ 4/6
-// the softmax (forward) and P (dQ) sat in SASS after the WARPGROUP.DEPBAR that retires P V (resp.
-// dP), so they never ran under that product (kernel/NOTES.md, "v6"). Here every wait comes right
-// after the issue of the next product, and the CUDA-core work of a tile ends its loop iteration:
-//   forward, iteration t: S(t) issued; wait<1> retires P(t-2) V(t-2); O rescaled by c(t-1);
-//     P(t-1) V(t-1) issued; wait<1> retires S(t); softmax(t) runs under P(t-1) V(t-1).
-//   dQ, iteration t: S(t) issued; wait<1> retires dP(t-1) and dQ(t-2); dS(t-1) under S(t);
-//     dQ += dS(t-1) K(t-1) and dP(t) issued; wait<2> retires S(t); P(t) runs under both.
-// A buffer is released two tiles back (P V, resp. dQ, reads it one iteration later than before), so
-// the ring is deeper (kLwFwdStages, kLwDqStages: what fits in shared memory at d = 128).
-constexpr int kLwFwdStages = 6;
+// dQ variant 7, "late waits": dQ variant 6's products and arithmetic in the same order
+// (bit-identical), scheduled so that P runs under products in flight. ptxas places a wgmma wait like
+// an instruction with no inputs, at the top of its basic block: in dQ 4/6 (and the forward's
+// variants 5-8) the CUDA-core work written between a product's issue and its wait sits in SASS after
+// the WARPGROUP.DEPBAR, so it never overlaps that product (kernel/NOTES.md, "v6"). Here the wait
+// comes right after the next issue and P ends the iteration:
+//   iteration t: S(t) issued; wait<0> retires S(t), dP(t-1) and dQ(t-2); dS(t-1) from P(t-1);
+//   dQ += dS(t-1) K(t-1) and dP(t) issued; P(t) = exp2(S(t) - lse) runs under both.
+// (A wait<1> leaving S(t) in flight there makes ptxas serialise every wgmma: it cannot tell that
+// dP's accumulator is settled.) dQ(t-1) reads its A operand dS(t-1) from registers until iteration
+// t+1: ptxas does not see that read as asynchronous and could hand those registers to P(t)'s work;
+// tests/attention/test_sass_hazards.py checks the built SASS for such a write (there is none). The
+// same schedule for the forward (softmax(t) under P(t-1) V(t-1)) had 6 such writes and wrong
+// results, and was removed. A buffer is released two tiles back (dQ(t-1) reads K(t-1) until
+// iteration t+1), so the ring is one stage deeper: five, what fits at d = 128.
 constexpr int kLwDqStages = 5;
-
-template <int D>
-__global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_ws_lw_kernel(const AttnParams p, const __grid_constant__ WsMaps maps) {
-#ifdef DFLASH_WGMMA
-  constexpr int ST = kLwFwdStages;
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
-  using S = WsSmem<D, 2, ST>;
-  const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
-  const WsCta c(p);
-  const int lane = c.lane, wg = c.wg, w = c.w, t4 = c.t4, hk = c.hk, b = c.b;
-  const KeyWalk& walk = c.walk;
-  const int ntiles = walk.ntiles;
-  const uint32_t bars = base + S::kBars;
-  ws_start<D, 2, ST>(maps, base, threadIdx.x, c.m0, c.h0, hk, b, walk);
-
-  const uint32_t sQ = base + wg * S::kTile;
-  auto sK = [&](int t) { return base + S::kRing + 2 * (t % ST) * S::kTile; };
-  const float sl2 = p.scale * kLog2e;
-  float o[D / 8][4];
-#pragma unroll
-  for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-  float mA = -INFINITY, mB = -INFINITY, lA = 0.f, lB = 0.f;
-  float cA = 1.f, cB = 1.f;  // O's rescale for the newest softmax, applied before its P V
-  bool keep_o = true;
-  uint32_t pa[4][4], pn[4][4];  // P of the tile in flight in P V, P of the newest softmax
-  uint32_t qa[D / 16][4];
-  mbar_wait(bars + 8 * ST, 0);  // Q has landed
-  __syncwarp();                 // converged before the register A operands (see the forward above)
-#pragma unroll
-  for (int ks = 0; ks < D / 16; ++ks) load_a_w<kTileQ>(sQ, w, ks, lane, qa[ks]);
-
-  // A tile that sees no key returns here, so that the loop below runs at least once and its last
-  // P V is retired on every path (where ptxas finds a path with a product in flight at the stores, it
-  // serialises every wgmma of the kernel).
-  if (ntiles == 0) {
-    store_fwd_rows<D>(p, b, c.h, c.ra, t4, o, mA, mB, lA, lB, sl2);
-    return;
-  }
-  for (int t = 0; t < ntiles; ++t) {
-    const uint32_t k_t = sK(t);
-    mbar_wait(bars + 8 * (t % ST), (t / ST) & 1);
-    const int n0 = walk.start(t);
-    const bool ctx = walk.ctx(t);
-    float s[8][4];
-    wg_fence();
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) wgmma_rs_n64_kb(s, qa[ks], desc_k<kTileK>(k_t, ks), ks > 0);
-    wg_commit();
-    if (t > 0) {
-      // S(t) and P(t-2) V(t-2) retired (the latter ran under softmax(t-1)). A wait<1> here (S(t)
-      // left running) makes ptxas serialise every wgmma: it cannot tell that O is then settled.
-      wg_wait<0>();
-      reg_fence(o);
-      reg_fence_a(pa);
-      if (t > 1) ws_release<D, 2, ST>(maps, base, lane, t - 2, hk, b, walk);
-      if (!keep_o) scale_rows(o, cA, cB);
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) pa[kk][r] = pn[kk][r];
-      wg_fence();
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk) wgmma_rs_nd_tb<D>(o, pa[kk], desc_mn<kTileK>(sK(t - 1) + S::kTile, kk));
-      wg_commit();  // P(t-1) V(t-1) runs under the softmax below
-    } else {
-      wg_wait<0>();
-    }
-    reg_fence(s);
-    mask_tile(s, n0, ctx, c.rowA, c.rowB, t4);
-    keep_o = softmax_step(s, mA, mB, lA, lB, sl2, pn, cA, cB);
-  }
-  wg_wait<0>();
-  reg_fence(o);
-  reg_fence_a(pa);
-  if (!keep_o) scale_rows(o, cA, cB);
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk)
-#pragma unroll
-    for (int r = 0; r < 4; ++r) pa[kk][r] = pn[kk][r];
-  wg_fence();
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk) wgmma_rs_nd_tb<D>(o, pa[kk], desc_mn<kTileK>(sK(ntiles - 1) + S::kTile, kk));
-  wg_commit();
-  wg_wait<0>();
-  reg_fence(o);
-  reg_fence_a(pa);
-
-  store_fwd_rows<D>(p, b, c.h, c.ra, t4, o, mA, mB, lA, lB, sl2);
-#endif
-}
 
 template <int D>
 __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_ws_lw_kernel(const AttnParams p, const __grid_constant__ WsMaps maps) {
@@ -538,10 +449,7 @@ bool launch_fwd_ws(const AttnParams& p, int variant, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
   const char* what = "attention forward (two heads per CTA)";
   const bool pingpong = variant == 8;
-  if (variant == 10) {
-    if (p.d == 128) launch(attn_fwd_ws_lw_kernel<128>, WsSmem<128, 2, kLwFwdStages>::kBytes, p, maps, s, what);
-    else launch(attn_fwd_ws_lw_kernel<64>, WsSmem<64, 2, kLwFwdStages>::kBytes, p, maps, s, what);
-  } else if (p.d == 128) {
+  if (p.d == 128) {
     pingpong ? launch(attn_fwd_ws_kernel<128, true>, WsSmem<128, 2>::kBytes, p, maps, s, what)
              : launch(attn_fwd_ws_kernel<128, false>, WsSmem<128, 2>::kBytes, p, maps, s, what);
   } else {

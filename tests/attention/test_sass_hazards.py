@@ -1,0 +1,170 @@
+"""Static checks of the attention kernels' Hopper SASS (attention/kernel/*_sm90.cu), no GPU needed.
+
+ptxas treats the register A operand of a wgmma (P, dS as bf16 fragments) as read when the wgmma is
+issued, not when it runs: it may give those registers to other work before the WARPGROUP.DEPBAR that
+retires the product, and the product then reads garbage (seen: a late-wait forward schedule wrote
+P(t) into the registers P(t-1) V(t-1) was reading; kernel/NOTES.md "v6"). Whether that happens is
+down to ptxas's register allocation, so the built SASS is checked here:
+  1. no instruction writes a register of an in-flight wgmma's A operand on any path from the wgmma
+     to the next WARPGROUP.DEPBAR;
+  2. no kernel has its wgmmas serialised (a WARPGROUP.DEPBAR after nearly every HGMMA: ptxas's
+     C7514/C7520 fallback, which costs the overlap the schedules are built for).
+The checker itself is tested on small synthetic listings, so that a check that cannot fail shows.
+"""
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+FUNC = re.compile(r"\s+Function : (\S+)")
+INS = re.compile(r"\s+/\*([0-9a-f]+)\*/\s+(.*?)\s*;")
+RS_HGMMA = re.compile(r"HGMMA\S* R\d+, R(\d+),")
+BRANCH = re.compile(r"(@!?U?P\w+\s+)?BRA(?:\.\S+)?\s+(?:\S+,\s+)?0x([0-9a-f]+)")
+NO_DST = ("ST", "HGMMA", "WARPGROUP", "BRA", "BAR", "SYNCS", "RED", "ATOM", "EXIT", "RET", "CALL",
+          "WARPSYNC", "NOP", "DEPBAR", "UTMA", "FENCE", "MEMBAR", "BSSY", "BSYNC", "VOTEU", "CCTL")
+
+
+def parse(text):
+    """{function: [(address, instruction)]} from `cuobjdump -sass` output."""
+    funcs, cur = {}, None
+    for line in text.splitlines():
+        m = FUNC.match(line)
+        if m:
+            cur = m.group(1)
+            funcs[cur] = []
+            continue
+        m = INS.match(line)
+        if m and cur:
+            funcs[cur].append((int(m.group(1), 16), m.group(2)))
+    return funcs
+
+
+def written(ins):
+    """The general registers an instruction writes (vector widths from the opcode's suffix)."""
+    tok = ins.split()
+    if tok and tok[0].startswith("@"):
+        tok = tok[1:]
+    if len(tok) < 2 or tok[0].startswith(NO_DST):
+        return set()
+    m = re.match(r"R(\d+)", tok[1])
+    if not m:
+        return set()
+    op, r = tok[0], int(m.group(1))
+    n = 1
+    if ".128" in op or ".M88.4" in op or ".X4" in op:
+        n = 4
+    elif ".64" in op or ".M88.2" in op or ".X2" in op or ".WIDE" in op:
+        n = 2
+    return {f"R{r + k}" for k in range(n)}
+
+
+def a_operand_hazards(ins):
+    """(wgmma address, writer address, writer) for writes to an in-flight wgmma's A registers."""
+    index = {a: i for i, (a, _) in enumerate(ins)}
+    found = []
+    for i, (a, s) in enumerate(ins):
+        m = RS_HGMMA.search(s)
+        if not m:
+            continue
+        regs = {f"R{int(m.group(1)) + k}" for k in range(4)}
+        stack, seen = [i + 1], set()
+        while stack:
+            j = stack.pop()
+            while j < len(ins) and j not in seen:
+                seen.add(j)
+                a2, s2 = ins[j]
+                if s2.startswith(("WARPGROUP.DEPBAR", "EXIT")):
+                    break
+                if written(s2) & regs:
+                    found.append((a, a2, s2))
+                    break
+                b = BRANCH.match(s2)
+                if b:
+                    t = index.get(int(b.group(2), 16))
+                    if t is not None:
+                        stack.append(t)
+                    if not b.group(1):
+                        break
+                j += 1
+    return found
+
+
+def serialised(ins):
+    """True when the wgmmas are serialised: a WARPGROUP.DEPBAR for at least every other HGMMA."""
+    h = sum(1 for _, s in ins if s.startswith("HGMMA"))
+    d = sum(1 for _, s in ins if s.startswith("WARPGROUP.DEPBAR"))
+    return h >= 8 and 2 * d >= h
+
+
+SYNTH = """
+        Function : ok_kernel
+        /*0000*/                   HGMMA.64x128x16.F32.BF16 R24, R152, gdesc[UR8].tnspB, R24, gsb0 ;
+        /*0010*/                   FMNMX R19, R90, R91, !PT ;
+        /*0020*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+        /*0030*/                   F2FP.BF16.F32.PACK_AB R152, R89, R88 ;
+        /*0040*/                   EXIT ;
+        Function : bad_kernel
+        /*0000*/                   HGMMA.64x128x16.F32.BF16 R24, R152, gdesc[UR8].tnspB, R24, gsb0 ;
+        /*0010*/              @P0  BRA 0x40 ;
+        /*0020*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+        /*0030*/                   EXIT ;
+        /*0040*/                   LDSM.16.M88.4 R152, [R17+0x2000] ;
+        /*0050*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+        /*0060*/                   EXIT ;
+"""
+
+
+def test_checker_finds_an_overwrite_on_a_branch():
+    f = parse(SYNTH)
+    assert a_operand_hazards(f["ok_kernel"]) == []
+    bad = a_operand_hazards(f["bad_kernel"])
+    assert [(a, b) for a, b, _ in bad] == [(0x0, 0x40)]
+
+
+def test_checker_finds_serialisation():
+    lines = []
+    for k in range(8):
+        lines.append((0x20 * k, "HGMMA.64x64x16.F32.BF16 R88, gdesc[UR8], R88, gsb0"))
+        lines.append((0x20 * k + 0x10, "WARPGROUP.DEPBAR.LE gsb0, 0x0"))
+    assert serialised(lines)
+    assert not serialised([x for x in lines if "DEPBAR" not in x[1]] + lines[1:4:2])
+
+
+def cuobjdump():
+    cands = [shutil.which("cuobjdump"), "/usr/local/cuda/bin/cuobjdump"]
+    try:
+        import triton  # the torch wheel's triton bundles one
+
+        cands.append(str(Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"))
+    except Exception:
+        pass
+    return next((c for c in cands if c and os.access(c, os.X_OK)), None)
+
+
+def test_attention_kernels_have_no_a_operand_hazard_and_no_serialisation():
+    build = Path(os.environ.get("DFLASH_BUILD_DIR", "build"))
+    lib = build / "attention" / "libdflash_attention.a"
+    if not lib.exists():
+        pytest.skip(f"{lib} not built")
+    tool = cuobjdump()
+    if not tool:
+        pytest.skip("no cuobjdump (CUDA toolkit or the torch wheel's triton)")
+    out = subprocess.run([tool, "-sass", "-arch", "sm_90a", str(lib)], capture_output=True, text=True)
+    funcs = {f: i for f, i in parse(out.stdout).items() if any(s.startswith("HGMMA") for _, s in i)}
+    if not funcs:
+        pytest.skip(f"{lib} has no sm_90a wgmma code (built without CUDA or without 90a)")
+    # the kernels whose schedules depend on it must be among those checked
+    for name in ("attn_fwd_ws_kernel", "attn_bwd_dq_ws_lw_kernel", "attn_bwd_dq_wgmma_kernel",
+                 "attn_bwd_dkv_wgmma_kernel", "attn_fwd_wgmma_kernel"):
+        assert any(name in f for f in funcs), f"{name} not found in {lib}"
+    problems = []
+    for f, ins in funcs.items():
+        for a, b, s in a_operand_hazards(ins)[:3]:
+            problems.append(f"{f}: wgmma at {a:#x} reads its A operand from registers that {s!r} at {b:#x} "
+                            "overwrites before the wait that retires it")
+        if serialised(ins):
+            problems.append(f"{f}: wgmmas serialised (a WARPGROUP.DEPBAR after nearly every HGMMA)")
+    assert not problems, "\n".join(problems)
