@@ -32,13 +32,14 @@ using namespace dev;
 constexpr int kThreads = 128;
 
 // Tile variant of the dQ kernel, for benchmarking (DFLASH_ATTN_DQ_VARIANT = 1: 16 rows/warp x
-// 64 keys, 2: 32 rows/warp x 16 keys, 3: 32 rows/warp x 32 keys, 4 (default): Hopper wgmma
-// (fwd_sm90.cu), 6: variant 4's schedule with two query heads per CTA sharing a TMA K/V ring
-// (ws_sm90.cu; bit-identical to 4, and runs 4 where the heads cannot be paired; measured level with
-// 4, kernel/NOTES.md); 4 and 6 fall back to 3 where wgmma is unavailable). Read at each launch.
+// 64 keys, 2: 32 rows/warp x 16 keys, 3: 32 rows/warp x 32 keys, 4: Hopper wgmma (fwd_sm90.cu),
+// 6: variant 4's schedule with two query heads per CTA sharing a TMA K/V ring (ws_sm90.cu; measured
+// level with 4), 7 (default): 6 with late waits, P under dQ(t-1) and dP(t) (ws_sm90.cu; 3.5% faster
+// than 4 at the long shape, kernel/NOTES.md "v6"); 4, 6 and 7 are bit-identical, 6 and 7 run 4 where
+// the heads cannot be paired, and all fall back to 3 where wgmma is unavailable). Read at each launch.
 int dq_variant() {
   static constexpr int kAllowed[] = {1, 2, 3, 4, 6, 7};
-  return kernel_variant_from_env("DFLASH_ATTN_DQ_VARIANT", kAllowed, 6, 4);
+  return kernel_variant_from_env("DFLASH_ATTN_DQ_VARIANT", kAllowed, 6, 7);
 }
 // dK/dV kernel variant (DFLASH_ATTN_DKV_VARIANT = 1: 4 warps x 16 keys, 2: 8 warps,
 // 3 (default): Hopper wgmma (bwd_sm90.cu; falls back to 1 where unavailable)).

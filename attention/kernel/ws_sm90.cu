@@ -133,24 +133,24 @@ struct WsCta {
   }
 };
 
-template <int D, bool PINGPONG>
+template <int D, bool PINGPONG, int ST = kStages>
 __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_ws_kernel(const AttnParams p, const __grid_constant__ WsMaps maps) {
 #ifdef DFLASH_WGMMA
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  using S = WsSmem<D, 2>;
+  using S = WsSmem<D, 2, ST>;
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const WsCta c(p);
   const int lane = c.lane, wg = c.wg, w = c.w, t4 = c.t4, hk = c.hk, b = c.b;
   const KeyWalk& walk = c.walk;
   const int ntiles = walk.ntiles;
   const uint32_t bars = base + S::kBars;
-  ws_start<D, 2>(maps, base, threadIdx.x, c.m0, c.h0, hk, b, walk);
+  ws_start<D, 2, ST>(maps, base, threadIdx.x, c.m0, c.h0, hk, b, walk);
 
   // Warpgroup wg computes query head h0 + wg. Iteration t issues S(t) = Q K(t)^T and
   // O += P(t-1) V(t-1) (fwd_sm90.cu's variant 5), and releases tile t-1's buffer once
   // P(t-1) V(t-1) has retired.
   const uint32_t sQ = base + wg * S::kTile;
-  auto sK = [&](int t) { return base + S::kRing + 2 * (t % kStages) * S::kTile; };
+  auto sK = [&](int t) { return base + S::kRing + 2 * (t % ST) * S::kTile; };
   const float sl2 = p.scale * kLog2e;
   float o[D / 8][4];
 #pragma unroll
@@ -158,7 +158,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_ws_kernel(const AttnPa
   float mA = -INFINITY, mB = -INFINITY, lA = 0.f, lB = 0.f;
   uint32_t pa[4][4];
   uint32_t qa[D / 16][4];
-  mbar_wait(bars + 8 * kStages, 0);  // Q has landed
+  mbar_wait(bars + 8 * ST, 0);  // Q has landed
   // Converged again before the fragments are loaded: register A operands defined where ptxas cannot
   // prove the warp converged (after the wait loop) make it serialise every wgmma (seen in SASS).
   __syncwarp();
@@ -170,7 +170,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_ws_kernel(const AttnPa
 
   for (int t = 0; t < ntiles; ++t) {
     const uint32_t k_t = sK(t);
-    mbar_wait(bars + 8 * (t % kStages), (t / kStages) & 1);
+    mbar_wait(bars + 8 * (t % ST), (t / ST) & 1);
     const int n0 = walk.start(t);
     const bool ctx = walk.ctx(t);
     if (PINGPONG) named_sync(1 + wg, kWsThreads);
@@ -199,7 +199,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_ws_kernel(const AttnPa
     wg_wait<0>();  // P(t-1) V(t-1) done: tile t-1's buffer is released
     reg_fence(o);
     reg_fence_a(pa);
-    if (t > 0) ws_release<D, 2>(maps, base, lane, t - 1, hk, b, walk);
+    if (t > 0) ws_release<D, 2, ST>(maps, base, lane, t - 1, hk, b, walk);
     if (!keep_o) scale_rows(o, cA, cB);
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)
@@ -449,7 +449,10 @@ bool launch_fwd_ws(const AttnParams& p, int variant, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
   const char* what = "attention forward (two heads per CTA)";
   const bool pingpong = variant == 8;
-  if (p.d == 128) {
+  if (variant == 11) {  // variant 7 with a 6-deep ring (what fits at d = 128)
+    if (p.d == 128) launch(attn_fwd_ws_kernel<128, false, 6>, WsSmem<128, 2, 6>::kBytes, p, maps, s, what);
+    else launch(attn_fwd_ws_kernel<64, false, 6>, WsSmem<64, 2, 6>::kBytes, p, maps, s, what);
+  } else if (p.d == 128) {
     pingpong ? launch(attn_fwd_ws_kernel<128, true>, WsSmem<128, 2>::kBytes, p, maps, s, what)
              : launch(attn_fwd_ws_kernel<128, false>, WsSmem<128, 2>::kBytes, p, maps, s, what);
   } else {
