@@ -133,7 +133,7 @@ struct WsCta {
   }
 };
 
-template <int D, bool PINGPONG, int ST = kStages>
+template <int D, bool PINGPONG, int ST = kStages>  // ST: ring depth (6 measured slower than 4)
 __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_ws_kernel(const AttnParams p, const __grid_constant__ WsMaps maps) {
 #ifdef DFLASH_WGMMA
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -449,10 +449,7 @@ bool launch_fwd_ws(const AttnParams& p, int variant, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
   const char* what = "attention forward (two heads per CTA)";
   const bool pingpong = variant == 8;
-  if (variant == 11) {  // variant 7 with a 6-deep ring (what fits at d = 128)
-    if (p.d == 128) launch(attn_fwd_ws_kernel<128, false, 6>, WsSmem<128, 2, 6>::kBytes, p, maps, s, what);
-    else launch(attn_fwd_ws_kernel<64, false, 6>, WsSmem<64, 2, 6>::kBytes, p, maps, s, what);
-  } else if (p.d == 128) {
+  if (p.d == 128) {
     pingpong ? launch(attn_fwd_ws_kernel<128, true>, WsSmem<128, 2>::kBytes, p, maps, s, what)
              : launch(attn_fwd_ws_kernel<128, false>, WsSmem<128, 2>::kBytes, p, maps, s, what);
   } else {
