@@ -8,10 +8,17 @@
 // counts the messages of that pair, so a message's header and data never mix with another's,
 // whatever order receive handles are waited in. Large tensors travel in chunks of 1 GiB
 // (MPI counts are int).
+// Teardown: a handle destroyed before its transfer completed (a timeout, an abort, an exception
+// that dropped it) hands its requests and buffers to the communicator, which cancels the
+// receives (a late message must not land in freed memory, and MPI_Finalize must not find a
+// pending receive) and keeps the buffers of the rest (sends, collectives, receives whose message
+// was already arriving) for as long as MPI may still use them: until they complete, else until
+// the process ends.
 #include <mpi.h>
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -37,6 +44,57 @@ class MpiCommunicator;
 // Polls `reqs` until complete, the deadline, or an abort. Requests stay owned by the caller.
 void poll(MpiCommunicator& c, std::vector<MPI_Request>& reqs, const BlockedOn& blocked);
 
+// Requests and the buffers they read or write.
+struct Pending {
+  std::vector<MPI_Request> reqs;
+  std::vector<uint8_t> header;
+  std::vector<at::Tensor> tensors;
+  // receives: cancelled when abandoned. A send is left to complete (the message was sent; Open
+  // MPI cannot cancel sends anyway), and MPI forbids cancelling collectives.
+  bool cancel = false;
+  bool done() const {
+    return std::all_of(reqs.begin(), reqs.end(), [](MPI_Request r) { return r == MPI_REQUEST_NULL; });
+  }
+};
+
+// Cancels the unfinished receives of `p` and completes what can be (a cancelled or finished
+// request becomes MPI_REQUEST_NULL); true when nothing is left. The caller serialises MPI calls.
+// Never throws: it runs in destructors, also while a CommError unwinds the stack.
+bool settle(Pending& p) noexcept {
+  for (MPI_Request& r : p.reqs) {
+    if (r == MPI_REQUEST_NULL) continue;
+    if (p.cancel) MPI_Cancel(&r);  // ends at once unless its message is already arriving
+    int done = 0;
+    MPI_Test(&r, &done, MPI_STATUS_IGNORE);
+  }
+  return p.done();
+}
+
+// What outlives its communicator unfinished (sends a dead or late peer never received): MPI may
+// still read these buffers, so they are never freed (the process is about to end: these only
+// exist after a timeout or an abort).
+void keep_until_exit(std::vector<Pending>&& left) {
+  static std::mutex mu;
+  static auto* kept = new std::vector<Pending>();  // deliberately never destroyed
+  std::lock_guard<std::mutex> g(mu);
+  for (Pending& p : left) kept->push_back(std::move(p));
+}
+
+// The requests of one handle and their buffers. Destroyed unfinished, it hands them to the
+// communicator (MpiCommunicator::abandon) instead of freeing buffers that MPI may still use.
+class Transfer {
+ public:
+  explicit Transfer(MpiCommunicator& c) : c_(c) {}
+  ~Transfer();
+  Transfer(const Transfer&) = delete;
+  Transfer& operator=(const Transfer&) = delete;
+
+  Pending p;
+
+ private:
+  MpiCommunicator& c_;
+};
+
 class MpiGroup : public Group {
  public:
   MpiGroup(std::vector<int> ranks, MPI_Comm comm) : Group(std::move(ranks)), comm_(comm) {}
@@ -60,7 +118,16 @@ class MpiCommunicator : public Communicator {
   }
   ~MpiCommunicator() override {
     unregister_abort(abort_id_);
-    if (mpi_active() && !aborted_) MPI_Comm_free(&comm_);
+    if (!mpi_active()) return;  // finalised first: MPI has let go of every buffer
+    std::lock_guard<std::mutex> g(mu_);
+    std::vector<Pending> left;
+    for (Pending& p : abandoned_)
+      if (!settle(p)) left.push_back(std::move(p));
+    abandoned_.clear();
+    if (!left.empty()) keep_until_exit(std::move(left));
+    // An aborted communicator is not freed (its peers may be dead or out of step); MPI_Finalize
+    // releases it. What is still pending on it keeps its buffers (keep_until_exit).
+    if (!aborted_) MPI_Comm_free(&comm_);
   }
 
   at::Device device() const override { return at::Device(at::kCPU); }
@@ -79,6 +146,13 @@ class MpiCommunicator : public Communicator {
 
   // for handles
   std::mutex& mu() { return mu_; }
+  // Takes the unfinished requests of a handle being destroyed: cancels the receives, keeps the
+  // buffers of the rest while they are pending (past the communicator: keep_until_exit).
+  void abandon(Pending&& p) noexcept {
+    if (!mpi_active()) return;
+    std::lock_guard<std::mutex> g(mu_);
+    if (!settle(p)) abandoned_.push_back(std::move(p));
+  }
   MPI_Comm comm() const { return comm_; }
   void check_not_aborted(const BlockedOn& b) {
     if (!aborted_) return;
@@ -98,7 +172,12 @@ class MpiCommunicator : public Communicator {
   std::mutex abort_mu_;
   std::string abort_reason_;
   int abort_id_ = -1;
+  std::vector<Pending> abandoned_;  // under mu_
 };
+
+Transfer::~Transfer() {
+  if (!p.done()) c_.abandon(std::move(p));
+}
 
 void poll(MpiCommunicator& c, std::vector<MPI_Request>& reqs, const BlockedOn& blocked) {
   auto pause = std::chrono::microseconds(1);
@@ -111,7 +190,8 @@ void poll(MpiCommunicator& c, std::vector<MPI_Request>& reqs, const BlockedOn& b
     if (done) return;
     c.check_not_aborted(blocked);
     if (blocked.expired()) {
-      // requests stay posted: the communicator is unusable from here on
+      // the communicator is unusable from here on; the requests stay with their handle, whose
+      // destruction cancels or keeps them (MpiCommunicator::abandon)
       std::string msg = blocked.timeout_message("the peer died, hangs, or is out of step");
       c.abort(msg);
       throw CommError(msg);
@@ -140,71 +220,74 @@ void post_bytes(MpiCommunicator& c, bool send, void* ptr, int64_t bytes, int pee
 class MpiSend : public Handle {
  public:
   MpiSend(MpiCommunicator& c, int peer, const Message& msg, int tag)
-      : c_(c), peer_(peer), batch_(msg.batch), header_(kHeaderBytes) {
-    for (const at::Tensor& t : msg.tensors) tensors_.push_back(t.to(at::kCPU).contiguous());
-    Message cpu{msg.kind, msg.batch, tensors_};
-    encode_header(header_of(cpu), header_.data());
-    post_bytes(c_, true, header_.data(), kHeaderBytes, peer, tag, reqs_);
-    for (const at::Tensor& t : tensors_)
-      if (t.nbytes() > 0) post_bytes(c_, true, t.data_ptr(), static_cast<int64_t>(t.nbytes()), peer, tag, reqs_);
+      : c_(c), peer_(peer), batch_(msg.batch), x_(c) {
+    x_.p.header.resize(kHeaderBytes);
+    for (const at::Tensor& t : msg.tensors) x_.p.tensors.push_back(t.to(at::kCPU).contiguous());
+    Message cpu{msg.kind, msg.batch, x_.p.tensors};
+    encode_header(header_of(cpu), x_.p.header.data());
+    post_bytes(c_, true, x_.p.header.data(), kHeaderBytes, peer, tag, x_.p.reqs);
+    for (const at::Tensor& t : x_.p.tensors)
+      if (t.nbytes() > 0) post_bytes(c_, true, t.data_ptr(), static_cast<int64_t>(t.nbytes()), peer, tag, x_.p.reqs);
   }
   bool test() override {
     int done = 0;
     std::lock_guard<std::mutex> g(c_.mu());
-    DFLASH_CHECK_MPI(MPI_Testall(static_cast<int>(reqs_.size()), reqs_.data(), &done, MPI_STATUSES_IGNORE));
+    DFLASH_CHECK_MPI(MPI_Testall(static_cast<int>(x_.p.reqs.size()), x_.p.reqs.data(), &done, MPI_STATUSES_IGNORE));
     return done;
   }
   void wait() override {
     BlockedOn b("send", peer_, batch_, c_.timeout());
-    poll(c_, reqs_, b);
+    poll(c_, x_.p.reqs, b);
   }
 
  private:
   MpiCommunicator& c_;
   int peer_;
   int64_t batch_;
-  std::vector<uint8_t> header_;
-  std::vector<at::Tensor> tensors_;
-  std::vector<MPI_Request> reqs_;
+  Transfer x_;  // the header and the tensors (CPU, contiguous) until MPI is done with them
 };
 
 class MpiRecv : public Handle {
  public:
   MpiRecv(MpiCommunicator& c, int peer, int64_t expected, int tag)
-      : c_(c), peer_(peer), expected_(expected), tag_(tag), header_(kHeaderBytes) {
-    post_bytes(c_, false, header_.data(), kHeaderBytes, peer, tag, header_req_);
+      : c_(c), peer_(peer), expected_(expected), tag_(tag), head_(c), data_(c) {
+    head_.p.header.resize(kHeaderBytes);
+    head_.p.cancel = data_.p.cancel = true;
+    post_bytes(c_, false, head_.p.header.data(), kHeaderBytes, peer, tag, head_.p.reqs);
   }
   bool test() override {
     if (!data_posted_) {
       int done = 0;
       {
         std::lock_guard<std::mutex> g(c_.mu());
-        DFLASH_CHECK_MPI(MPI_Testall(1, header_req_.data(), &done, MPI_STATUSES_IGNORE));
+        DFLASH_CHECK_MPI(MPI_Testall(1, head_.p.reqs.data(), &done, MPI_STATUSES_IGNORE));
       }
       if (!done) return false;
       post_data();
     }
     int done = 0;
     std::lock_guard<std::mutex> g(c_.mu());
-    DFLASH_CHECK_MPI(MPI_Testall(static_cast<int>(data_reqs_.size()), data_reqs_.data(), &done, MPI_STATUSES_IGNORE));
+    std::vector<MPI_Request>& reqs = data_.p.reqs;
+    DFLASH_CHECK_MPI(MPI_Testall(static_cast<int>(reqs.size()), reqs.data(), &done, MPI_STATUSES_IGNORE));
     return done;
   }
   void wait() override {
     BlockedOn b("recv", peer_, expected_, c_.timeout());
     if (!data_posted_) {
-      poll(c_, header_req_, b);
+      poll(c_, head_.p.reqs, b);
       post_data();
     }
-    poll(c_, data_reqs_, b);
+    poll(c_, data_.p.reqs, b);
   }
   Message take() override {
     wait();
+    data_.p.tensors.clear();  // complete: the message owns them
     return std::move(msg_);
   }
 
  private:
   void post_data() {
-    Header h = decode_header(header_.data(), name_rank(peer_));
+    Header h = decode_header(head_.p.header.data(), name_rank(peer_));
     if (expected_ != kNoBatch && h.batch != expected_)
       throw CommError(fmt::format("{}: got batch {} instead (schedule out of step)",
                                   describe_wait("recv", peer_, expected_), h.batch));
@@ -212,8 +295,10 @@ class MpiRecv : public Handle {
     msg_.batch = h.batch;
     for (const TensorSpec& s : h.specs) {
       at::Tensor t = at::empty(s.shape, at::TensorOptions().dtype(s.dtype));
-      if (t.nbytes() > 0) post_bytes(c_, false, t.data_ptr(), static_cast<int64_t>(t.nbytes()), peer_, tag_, data_reqs_);
-      msg_.tensors.push_back(std::move(t));
+      data_.p.tensors.push_back(t);  // before posting: the transfer owns what MPI writes into
+      msg_.tensors.push_back(t);
+      if (t.nbytes() > 0)
+        post_bytes(c_, false, t.data_ptr(), static_cast<int64_t>(t.nbytes()), peer_, tag_, data_.p.reqs);
     }
     data_posted_ = true;
   }
@@ -222,8 +307,7 @@ class MpiRecv : public Handle {
   int peer_;
   int64_t expected_;
   int tag_;
-  std::vector<uint8_t> header_;
-  std::vector<MPI_Request> header_req_, data_reqs_;
+  Transfer head_, data_;  // the header's receive; the tensors' receives (posted once the header is in)
   bool data_posted_ = false;
   Message msg_;
 };
@@ -279,14 +363,17 @@ void MpiCommunicator::all_reduce(Group& group, std::vector<at::Tensor>& tensors,
     throw std::invalid_argument(fmt::format("all_reduce: rank {} is not a member of {}", rank_, group.describe()));
   BlockedOn b(fmt::format("all_reduce over {}", group.describe()), kNoPeer, batch, timeout_s_);
   check_not_aborted(b);
-  // bf16/fp16 (no MPI type) and non-contiguous tensors are reduced in a fp32 / contiguous copy
-  std::vector<at::Tensor> work;
-  std::vector<MPI_Request> reqs;
-  for (at::Tensor& t : tensors) {
-    bool is_float = at::isFloatingType(t.scalar_type());
-    if (op == ReduceOp::Average && !is_float)
+  // checked before anything is posted: a collective posted here and not on the others would
+  // put the group out of step
+  for (const at::Tensor& t : tensors)
+    if (op == ReduceOp::Average && !at::isFloatingType(t.scalar_type()))
       throw std::invalid_argument(fmt::format("all_reduce: average of an integer tensor ({})",
                                               c10::toString(t.scalar_type())));
+  // bf16/fp16 (no MPI type) and non-contiguous tensors are reduced in a fp32 / contiguous copy;
+  // the transfer holds what MPI writes into until it is done (also past a timeout)
+  Transfer x(*this);
+  std::vector<at::Tensor>& work = x.p.tensors;
+  for (at::Tensor& t : tensors) {
     at::Tensor w = t.to(at::kCPU);
     if (mpi_type(w.scalar_type()) == MPI_DATATYPE_NULL) w = w.to(at::kFloat);
     w = w.contiguous();
@@ -301,10 +388,10 @@ void MpiCommunicator::all_reduce(Group& group, std::vector<at::Tensor>& tensors,
       std::lock_guard<std::mutex> lk(mu_);
       DFLASH_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, p + off * es, cnt, mpi_type(w.scalar_type()), MPI_SUM,
                                       g->comm(), &r));
-      reqs.push_back(r);
+      x.p.reqs.push_back(r);
     }
   }
-  poll(*this, reqs, b);
+  poll(*this, x.p.reqs, b);
   for (size_t i = 0; i < tensors.size(); ++i) {
     if (op == ReduceOp::Average) work[i].div_(group.size());
     if (work[i].data_ptr() != tensors[i].data_ptr()) tensors[i].copy_(work[i]);
@@ -323,12 +410,13 @@ void MpiCommunicator::barrier(Group* group) {
   }
   BlockedOn b(what, kNoPeer, kNoBatch, timeout_s_);
   check_not_aborted(b);
-  std::vector<MPI_Request> reqs(1);
+  Transfer x(*this);
+  x.p.reqs.resize(1, MPI_REQUEST_NULL);
   {
     std::lock_guard<std::mutex> lk(mu_);
-    DFLASH_CHECK_MPI(MPI_Ibarrier(c, &reqs[0]));
+    DFLASH_CHECK_MPI(MPI_Ibarrier(c, &x.p.reqs[0]));
   }
-  poll(*this, reqs, b);
+  poll(*this, x.p.reqs, b);
 }
 
 }  // namespace
