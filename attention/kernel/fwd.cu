@@ -36,8 +36,8 @@ constexpr int kThreads = 128;
 // bit-identical (KernelForwardVariants) and fall back to 3 where wgmma is unavailable; measured in
 // kernel/NOTES.md). Read at each launch.
 int fwd_variant() {
-  static constexpr int kAllowed[] = {1, 2, 3, 4, 5, 7, 8, 12};
-  return kernel_variant_from_env("DFLASH_ATTN_FWD_VARIANT", kAllowed, 8, 7);
+  static constexpr int kAllowed[] = {1, 2, 3, 4, 5, 7, 8};
+  return kernel_variant_from_env("DFLASH_ATTN_FWD_VARIANT", kAllowed, 7, 7);
 }
 
 
@@ -271,7 +271,7 @@ void run_fwd_variant(const AttnParams& p, cudaStream_t s) {
     case 3: run_fwd<D, 2, 64>(p, s); break;
     default:
       if (!wgmma_supported()) run_fwd<D, 2, 64>(p, s);
-      else if (!((variant == 7 || variant == 8 || variant == 12) && launch_fwd_ws(p, variant, s)))
+      else if (!((variant == 7 || variant == 8) && launch_fwd_ws(p, variant, s)))
         launch_fwd_wgmma(p, variant != 4, s);
       break;
   }

@@ -287,113 +287,6 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_ws_kernel(const Att
 #endif
 }
 
-// Forward variant 12, "P through shared memory": variant 7's arithmetic (bit-identical), scheduled
-// so that softmax(t) runs under P(t-1) V(t-1). The late-wait schedule needs P(t-1) V(t-1) in flight
-// across the loop's back edge, and ptxas reuses the registers of a register A operand while its
-// product still runs (the removed variant 10, kernel/NOTES.md "v6"); here P goes to shared memory
-// (stmatrix into the wgmma tile layout, two buffers per warpgroup) and P V reads it from there, so no
-// register operand is in flight. Iteration t: S(t) issued; wait<0> retires S(t) and P(t-2) V(t-2);
-// O rescaled by c(t-1); a warpgroup barrier (every warp has stored and fenced P(t-1)); P(t-1) V(t-1)
-// issued; softmax(t), P(t) stored into the other buffer, all under that product. A K/V buffer is
-// released two tiles back, so the ring has five stages (what fits beside the P buffers at d = 128).
-constexpr int kSpStages = 5;
-
-template <int D>
-struct SpLayout {  // the P buffers after the ring's barriers and counters (1024-byte aligned tiles)
-  using S = WsSmem<D, 2, kSpStages>;
-  static constexpr int kPTile = kTileQ * kTileK * 2;
-  static constexpr int kP = (S::kCounts + 4 * kSpStages + 1023) / 1024 * 1024;
-  static constexpr int kBytes = 1024 + kP + 4 * kPTile;
-  static_assert(kBytes <= 227 * 1024, "P buffers and ring do not fit in shared memory");
-};
-
-template <int D>
-__global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_ws_sp_kernel(const AttnParams p, const __grid_constant__ WsMaps maps) {
-#ifdef DFLASH_WGMMA
-  constexpr int ST = kSpStages;
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
-  using S = WsSmem<D, 2, ST>;
-  using L = SpLayout<D>;
-  const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
-  const WsCta c(p);
-  const int lane = c.lane, wg = c.wg, w = c.w, t4 = c.t4, hk = c.hk, b = c.b;
-  const KeyWalk& walk = c.walk;
-  const int ntiles = walk.ntiles;
-  const uint32_t bars = base + S::kBars;
-  ws_start<D, 2, ST>(maps, base, threadIdx.x, c.m0, c.h0, hk, b, walk);
-
-  const uint32_t sQ = base + wg * S::kTile;
-  const uint32_t sP = base + L::kP + wg * 2 * L::kPTile;  // this warpgroup's two P buffers
-  auto sK = [&](int t) { return base + S::kRing + 2 * (t % ST) * S::kTile; };
-  const float sl2 = p.scale * kLog2e;
-  float o[D / 8][4];
-#pragma unroll
-  for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-  float mA = -INFINITY, mB = -INFINITY, lA = 0.f, lB = 0.f;
-  float cA = 1.f, cB = 1.f;  // O's rescale for the newest softmax, applied before its P V
-  bool keep_o = true;
-  uint32_t qa[D / 16][4];
-  mbar_wait(bars + 8 * ST, 0);  // Q has landed
-  __syncwarp();                 // converged before the register A operands (see variant 7)
-#pragma unroll
-  for (int ks = 0; ks < D / 16; ++ks) load_a_w<kTileQ>(sQ, w, ks, lane, qa[ks]);
-  // A tile that sees no key returns here, so that the loop runs at least once and its last P V is
-  // retired on every path (a path with a product in flight at the stores makes ptxas serialise).
-  if (ntiles == 0) {
-    store_fwd_rows<D>(p, b, c.h, c.ra, t4, o, mA, mB, lA, lB, sl2);
-    return;
-  }
-  for (int t = 0; t < ntiles; ++t) {
-    const uint32_t k_t = sK(t);
-    mbar_wait(bars + 8 * (t % ST), (t / ST) & 1);
-    const int n0 = walk.start(t);
-    const bool ctx = walk.ctx(t);
-    float s[8][4];
-    wg_fence();
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) wgmma_rs_n64_kb(s, qa[ks], desc_k<kTileK>(k_t, ks), ks > 0);
-    wg_commit();
-    // S(t) and P(t-2) V(t-2) retired (a wait<1> leaving S(t) in flight makes ptxas serialise: it
-    // cannot tell that O is settled for the rescale below).
-    wg_wait<0>();
-    reg_fence(o);
-    if (t > 0) {
-      if (t > 1) ws_release<D, 2, ST>(maps, base, lane, t - 2, hk, b, walk);
-      if (!keep_o) scale_rows(o, cA, cB);
-      named_sync(1 + wg, 128);  // this warpgroup's four warps have stored and fenced P(t-1)
-      wg_fence();
-#pragma unroll
-      for (int kk = 0; kk < 4; ++kk)
-        wgmma_ss_nd_tb<D>(o, desc_k<kTileQ>(sP + ((t - 1) & 1) * L::kPTile, kk),
-                          desc_mn<kTileK>(sK(t - 1) + S::kTile, kk));
-      wg_commit();  // P(t-1) V(t-1) runs under the softmax below
-    }
-    reg_fence(s);
-    mask_tile(s, n0, ctx, c.rowA, c.rowB, t4);
-    uint32_t pn[4][4];
-    keep_o = softmax_step(s, mA, mB, lA, lB, sl2, pn, cA, cB);
-    // P(t) into buffer t & 1, last read by P(t-2) V(t-2) (retired above)
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) store_a_w<kTileQ>(sP + (t & 1) * L::kPTile, w, kk, lane, pn[kk]);
-    fence_proxy_async();
-  }
-  wg_wait<0>();
-  reg_fence(o);
-  if (!keep_o) scale_rows(o, cA, cB);
-  named_sync(1 + wg, 128);
-  wg_fence();
-#pragma unroll
-  for (int kk = 0; kk < 4; ++kk)
-    wgmma_ss_nd_tb<D>(o, desc_k<kTileQ>(sP + ((ntiles - 1) & 1) * L::kPTile, kk),
-                      desc_mn<kTileK>(sK(ntiles - 1) + S::kTile, kk));
-  wg_commit();
-  wg_wait<0>();
-  reg_fence(o);
-
-  store_fwd_rows<D>(p, b, c.h, c.ra, t4, o, mA, mB, lA, lB, sl2);
-#endif
-}
-
 // dQ variant 7, "late waits": dQ variant 6's products and arithmetic in the same order
 // (bit-identical), scheduled so that P runs under products in flight. ptxas places a wgmma wait like
 // an instruction with no inputs, at the top of its basic block: in dQ 4/6 (and the forward's
@@ -407,7 +300,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_ws_sp_kernel(const Att
 // t+1: ptxas does not see that read as asynchronous and could hand those registers to P(t)'s work;
 // tests/attention/test_sass_hazards.py checks the built SASS for such a write (there is none). The
 // same schedule for the forward (softmax(t) under P(t-1) V(t-1)) had 6 such writes and wrong
-// results, and was removed. A buffer is released two tiles back (dQ(t-1) reads K(t-1) until
+// results; with P through shared memory instead it was right but 6% slower. Both removed (NOTES v6). A buffer is released two tiles back (dQ(t-1) reads K(t-1) until
 // iteration t+1), so the ring is one stage deeper: five, what fits at d = 128.
 constexpr int kLwDqStages = 5;
 
@@ -556,10 +449,7 @@ bool launch_fwd_ws(const AttnParams& p, int variant, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
   const char* what = "attention forward (two heads per CTA)";
   const bool pingpong = variant == 8;
-  if (variant == 12) {
-    if (p.d == 128) launch(attn_fwd_ws_sp_kernel<128>, SpLayout<128>::kBytes, p, maps, s, what);
-    else launch(attn_fwd_ws_sp_kernel<64>, SpLayout<64>::kBytes, p, maps, s, what);
-  } else if (p.d == 128) {
+  if (p.d == 128) {
     pingpong ? launch(attn_fwd_ws_kernel<128, true>, WsSmem<128, 2>::kBytes, p, maps, s, what)
              : launch(attn_fwd_ws_kernel<128, false>, WsSmem<128, 2>::kBytes, p, maps, s, what);
   } else {
