@@ -1,9 +1,9 @@
 // Forward and dQ pass of the DFlash attention with two query heads per CTA on a TMA K/V ring
 // (Hopper, sm_90a): forward variant 7 (the default; 8: the same with ping-pong between the
-// warpgroups) and dQ variant 6 (measured level with the one-head dQ pass, which stays the default).
+// warpgroups) and dQ variant 7 (the default; a late-wait schedule, below).
 //
 // One CTA per (64-row query tile, pair of query heads 2i and 2i+1 of one KV head), two warpgroups
-// (256 threads), warpgroup wg computing head 2i + wg with the schedule of the one-warpgroup kernels
+// (256 threads), warpgroup wg computing head 2i + wg with the products of the one-warpgroup kernels
 // in fwd_sm90.cu (forward variant 5, dQ variant 4). Both heads walk the same key tiles (one KV head,
 // one query tile, one mask), so each K/V tile comes from L2 once per pair of heads instead of once
 // per head (ncu: the one-head forward kept L2 77% busy; the ring halves that, kernel/NOTES.md). The
@@ -12,7 +12,7 @@
 // issues the buffer's next tile at once. No producer warp: a ninth warp would put three warps on
 // one SM quadrant, whose 16K registers then cap every thread at 168 (the forward needs ~175; the
 // launch fails with "too many resources" above that). No block-wide barrier after the start, so
-// the warpgroups may run up to kStages - 1 tiles apart.
+// the warpgroups may run up to ST - 1 tiles apart (ST: the ring's depth, kStages for the forward).
 // PINGPONG (forward variant 8): named barriers make the two warpgroups take turns to issue their
 // products, so that one's softmax runs while the other's products occupy the tensor cores.
 // Results are bit-identical to the one-warpgroup kernels (same operands, same k-step order).
@@ -222,77 +222,13 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_ws_kernel(const AttnPa
 #endif
 }
 
-// dQ pass: consumer warpgroup wg computes dQ of head h0 + wg with dQ variant 4's schedule: per key
-// tile t, S(t) = Q K^T and dP(t) = dO V^T as two groups; the first wait retires S(t) and dQ(t-1)
-// (tile t-1's last reader: its buffer is released); P on the CUDA cores while dP(t)
-// runs; dQ += dS K(t) runs on into tile t+1.
-template <int D>
-__global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_ws_kernel(const AttnParams p, const __grid_constant__ WsMaps maps) {
-#ifdef DFLASH_WGMMA
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
-  using S = WsSmem<D, 4>;
-  const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
-  const WsCta c(p);
-  const int lane = c.lane, wg = c.wg, t4 = c.t4, hk = c.hk, b = c.b;
-  const KeyWalk& walk = c.walk;
-  const int ntiles = walk.ntiles;
-  const uint32_t bars = base + S::kBars;
-  ws_start<D, 4>(maps, base, threadIdx.x, c.m0, c.h0, hk, b, walk);
-
-  const uint32_t sQ = base + wg * S::kTile, sdO = base + (2 + wg) * S::kTile;
-  auto sK = [&](int t) { return base + S::kRing + 2 * (t % kStages) * S::kTile; };
-  const DqRows rw = dq_rows(p, b, c.h, c.ra);
-  const float sl2 = p.scale * kLog2e;
-
-  float dq[D / 8][4];
-#pragma unroll
-  for (int i = 0; i < D / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
-  mbar_wait(bars + 8 * kStages, 0);
-
-  uint32_t da[4][4];
-  for (int t = 0; t < ntiles; ++t) {
-    const uint32_t k_t = sK(t), v_t = k_t + S::kTile;
-    mbar_wait(bars + 8 * (t % kStages), (t / kStages) & 1);
-    const int n0 = walk.start(t);
-    const bool ctx = walk.ctx(t);
-    float s[8][4], dp[8][4];
-    wg_fence();
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) wgmma_ss_n64(s, desc_k<kTileQ>(sQ, ks), desc_k<kTileK>(k_t, ks), ks > 0);
-    wg_commit();
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) wgmma_ss_n64(dp, desc_k<kTileQ>(sdO, ks), desc_k<kTileK>(v_t, ks), ks > 0);
-    wg_commit();
-    wg_wait<1>();
-    reg_fence(s);
-    reg_fence(dq);
-    reg_fence_a(da);
-    if (t > 0) ws_release<D, 4>(maps, base, lane, t - 1, hk, b, walk);
-
-    mask_tile(s, n0, ctx, c.rowA, c.rowB, t4);
-    dq_p(s, sl2, rw);
-    wg_wait<0>();
-    reg_fence(dp);
-    dq_ds(s, dp, rw, da);
-    wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wgmma_rs_nd_tb<D>(dq, da[kk], desc_mn<kTileK>(k_t, kk));
-    wg_commit();
-  }
-  wg_wait<0>();
-  reg_fence(dq);
-  reg_fence_a(da);
-
-  store_dq_rows<D>(p, b, c.h, c.ra, t4, dq);
-#endif
-}
-
-// dQ variant 7, "late waits": dQ variant 6's products and arithmetic in the same order
+// dQ variant 7 (the default; "late waits"): consumer warpgroup wg computes dQ of head h0 + wg with
+// the products and arithmetic of the one-head dQ pass (fwd_sm90.cu, dQ 4) in the same order
 // (bit-identical), scheduled so that P runs under products in flight. ptxas places a wgmma wait like
-// an instruction with no inputs, at the top of its basic block: in dQ 4/6 (and the forward's
-// variants 5-8) the CUDA-core work written between a product's issue and its wait sits in SASS after
-// the WARPGROUP.DEPBAR, so it never overlaps that product (kernel/NOTES.md, "v6"). Here the wait
-// comes right after the next issue and P ends the iteration:
+// an instruction with no inputs, at the top of its basic block: in dQ 4 (and the forward's variants
+// 5-8) the CUDA-core work written between a product's issue and its wait sits in SASS after the
+// WARPGROUP.DEPBAR, so it never overlaps that product (kernel/NOTES.md, "v6"). Here the wait comes
+// right after the next issue and P ends the iteration:
 //   iteration t: S(t) issued; wait<0> retires S(t), dP(t-1) and dQ(t-2); dS(t-1) from P(t-1);
 //   dQ += dS(t-1) K(t-1) and dP(t) issued; P(t) = exp2(S(t) - lse) runs under both.
 // (A wait<1> leaving S(t) in flight there makes ptxas serialise every wgmma: it cannot tell that
@@ -300,8 +236,10 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_ws_kernel(const Att
 // t+1: ptxas does not see that read as asynchronous and could hand those registers to P(t)'s work;
 // tests/attention/test_sass_hazards.py checks the built SASS for such a write (there is none). The
 // same schedule for the forward (softmax(t) under P(t-1) V(t-1)) had 6 such writes and wrong
-// results; with P through shared memory instead it was right but 6% slower. Both removed (NOTES v6). A buffer is released two tiles back (dQ(t-1) reads K(t-1) until
-// iteration t+1), so the ring is one stage deeper: five, what fits at d = 128.
+// results, and with P through shared memory instead it was right but 6% slower: both removed
+// (NOTES v6), as was dQ variant 6 (dQ 4's schedule on this ring, level with dQ 4). A K/V buffer is
+// released two tiles back (dQ(t-1) reads K(t-1) until iteration t+1), so the ring is one stage
+// deeper than the forward's: five, what fits at d = 128.
 constexpr int kLwDqStages = 5;
 
 template <int D>
@@ -328,7 +266,10 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_ws_lw_kernel(const 
   for (int i = 0; i < D / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
   mbar_wait(bars + 8 * ST, 0);
 
-  if (ntiles == 0) {  // as in the forward above: the loop then runs at least once
+  // A tile that sees no key returns here, so that the loop runs at least once and its last dQ
+  // product is retired on every path (a path with a product in flight at the stores makes ptxas
+  // serialise every wgmma of the kernel).
+  if (ntiles == 0) {
     store_dq_rows<D>(p, b, c.h, c.ra, t4, dq);
     return;
   }
@@ -459,16 +400,13 @@ bool launch_fwd_ws(const AttnParams& p, int variant, void* stream) {
   return true;
 }
 
-bool launch_dq_ws(const AttnParams& p, int variant, void* stream) {
+bool launch_dq_ws(const AttnParams& p, void* stream) {
   WsMaps maps{};
   if (!ws_maps(p, true, &maps)) return false;
   auto s = static_cast<cudaStream_t>(stream);
   const char* what = "attention backward dq (two heads per CTA)";
-  if (variant == 7) {
-    if (p.d == 128) launch(attn_bwd_dq_ws_lw_kernel<128>, WsSmem<128, 4, kLwDqStages>::kBytes, p, maps, s, what);
-    else launch(attn_bwd_dq_ws_lw_kernel<64>, WsSmem<64, 4, kLwDqStages>::kBytes, p, maps, s, what);
-  } else if (p.d == 128) launch(attn_bwd_dq_ws_kernel<128>, WsSmem<128, 4>::kBytes, p, maps, s, what);
-  else launch(attn_bwd_dq_ws_kernel<64>, WsSmem<64, 4>::kBytes, p, maps, s, what);
+  if (p.d == 128) launch(attn_bwd_dq_ws_lw_kernel<128>, WsSmem<128, 4, kLwDqStages>::kBytes, p, maps, s, what);
+  else launch(attn_bwd_dq_ws_lw_kernel<64>, WsSmem<64, 4, kLwDqStages>::kBytes, p, maps, s, what);
   return true;
 }
 
