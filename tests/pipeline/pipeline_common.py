@@ -15,7 +15,8 @@ sys.path.insert(0, os.path.join(SRC, "tools"))
 
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
            OMPI_MCA_rmaps_base_oversubscribe="1", OMPI_MCA_btl_tcp_if_include="lo",
-           OMPI_MCA_oob_tcp_if_include="lo", OMPI_MCA_mpi_yield_when_idle="1", PYTHONDONTWRITEBYTECODE="1")
+           OMPI_MCA_oob_tcp_if_include="lo", OMPI_MCA_mpi_yield_when_idle="1", PYTHONDONTWRITEBYTECODE="1",
+           OMPI_MCA_orte_allowed_exit_without_sync="1")  # tools/mpi_env.sh says why
 
 
 def skip_without_rank_and_mpirun():
