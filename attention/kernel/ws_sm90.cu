@@ -44,7 +44,7 @@ struct WsMaps {
 };
 
 // Shared memory: NQ per-head tiles (Q for 2 heads; dQ pass: Q and dO for 2 heads), then the ring
-// (K, V per stage), then the mbarriers full[kStages] and one for the per-head tiles, then the
+// (K, V per stage; ST stages), then the mbarriers full[ST] and one for the per-head tiles, then the
 // per-stage release counters.
 template <int D, int NQ, int ST = kStages>
 struct WsSmem {
