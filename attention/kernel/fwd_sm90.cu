@@ -57,8 +57,9 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_fwd_wgmma_kernel(const Att
   const int ntiles = walk.ntiles;
 
   // Pipeline (wgmma groups and cp.async groups each complete in issue order): iteration t issues
-  // S(t) = Q K(t)^T and then O += P(t-1) V(t-1); the softmax of tile t runs on the CUDA cores
-  // while P(t-1) V(t-1) is on the tensor cores; O is rescaled once that product is done. K(t+1)
+  // S(t) = Q K(t)^T and then O += P(t-1) V(t-1); the softmax of tile t is written to run on the
+  // CUDA cores while P(t-1) V(t-1) is on the tensor cores, but ptxas puts the wait for that product
+  // ahead of it in SASS (kernel/NOTES.md "v6"); O is rescaled once that product is done. K(t+1)
   // is loaded at the top of iteration t (K(t-1)'s buffer, read by S(t-1), long done) and V(t+1)
   // once P(t-1) V(t-1) has completed (its buffer). cp.async groups: {Q, K0}, {V0}, K1, V1, K2, ...
   const uint32_t sQ = base, sK0 = base + S::kTile, sV0 = base + 3 * S::kTile;
@@ -217,8 +218,9 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dq_wgmma_kernel(const 
   for (int i = 0; i < D / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
 
   // Per key tile t: S(t) and dP(t) issued as two wgmma groups -> wait<1>: S(t) done, and
-  // dQ(t-1) before it -> tile t-1's buffers are free: the loads of tile t+1 go there -> P on the
-  // CUDA cores while dP(t) runs -> dS -> dQ(t) += dS K(t) issued, running on into tile t+1.
+  // dQ(t-1) before it -> tile t-1's buffers are free: the loads of tile t+1 go there -> P (in SASS
+  // after the wait for dP(t): ptxas hoists it, NOTES "v6"; dQ 7 in ws_sm90.cu avoids that) -> dS
+  // -> dQ(t) += dS K(t) issued, running on into tile t+1.
   uint32_t da[4][4];  // dS(t-1): A operand of dQ(t-1), in flight into iteration t
   for (int t = 0; t < ntiles; ++t) {
     const int buf = t & 1;

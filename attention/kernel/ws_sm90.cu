@@ -12,7 +12,7 @@
 // issues the buffer's next tile at once. No producer warp: a ninth warp would put three warps on
 // one SM quadrant, whose 16K registers then cap every thread at 168 (the forward needs ~175; the
 // launch fails with "too many resources" above that). No block-wide barrier after the start, so
-// the warpgroups may run up to ST - 1 tiles apart (ST: the ring's depth, kStages for the forward).
+// the warpgroups may run up to kStages - 1 tiles apart (a ring of 6 measured slower, NOTES v6).
 // PINGPONG (forward variant 8): named barriers make the two warpgroups take turns to issue their
 // products, so that one's softmax runs while the other's products occupy the tensor cores.
 // Results are bit-identical to the one-warpgroup kernels (same operands, same k-step order).
@@ -133,24 +133,24 @@ struct WsCta {
   }
 };
 
-template <int D, bool PINGPONG, int ST = kStages>  // ST: ring depth (6 measured slower than 4)
+template <int D, bool PINGPONG>
 __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_ws_kernel(const AttnParams p, const __grid_constant__ WsMaps maps) {
 #ifdef DFLASH_WGMMA
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  using S = WsSmem<D, 2, ST>;
+  using S = WsSmem<D, 2>;
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
   const WsCta c(p);
   const int lane = c.lane, wg = c.wg, w = c.w, t4 = c.t4, hk = c.hk, b = c.b;
   const KeyWalk& walk = c.walk;
   const int ntiles = walk.ntiles;
   const uint32_t bars = base + S::kBars;
-  ws_start<D, 2, ST>(maps, base, threadIdx.x, c.m0, c.h0, hk, b, walk);
+  ws_start<D, 2>(maps, base, threadIdx.x, c.m0, c.h0, hk, b, walk);
 
   // Warpgroup wg computes query head h0 + wg. Iteration t issues S(t) = Q K(t)^T and
   // O += P(t-1) V(t-1) (fwd_sm90.cu's variant 5), and releases tile t-1's buffer once
   // P(t-1) V(t-1) has retired.
   const uint32_t sQ = base + wg * S::kTile;
-  auto sK = [&](int t) { return base + S::kRing + 2 * (t % ST) * S::kTile; };
+  auto sK = [&](int t) { return base + S::kRing + 2 * (t % kStages) * S::kTile; };
   const float sl2 = p.scale * kLog2e;
   float o[D / 8][4];
 #pragma unroll
@@ -158,7 +158,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_ws_kernel(const AttnPa
   float mA = -INFINITY, mB = -INFINITY, lA = 0.f, lB = 0.f;
   uint32_t pa[4][4];
   uint32_t qa[D / 16][4];
-  mbar_wait(bars + 8 * ST, 0);  // Q has landed
+  mbar_wait(bars + 8 * kStages, 0);  // Q has landed
   // Converged again before the fragments are loaded: register A operands defined where ptxas cannot
   // prove the warp converged (after the wait loop) make it serialise every wgmma (seen in SASS).
   __syncwarp();
@@ -170,7 +170,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_ws_kernel(const AttnPa
 
   for (int t = 0; t < ntiles; ++t) {
     const uint32_t k_t = sK(t);
-    mbar_wait(bars + 8 * (t % ST), (t / ST) & 1);
+    mbar_wait(bars + 8 * (t % kStages), (t / kStages) & 1);
     const int n0 = walk.start(t);
     const bool ctx = walk.ctx(t);
     if (PINGPONG) named_sync(1 + wg, kWsThreads);
@@ -199,7 +199,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_ws_kernel(const AttnPa
     wg_wait<0>();  // P(t-1) V(t-1) done: tile t-1's buffer is released
     reg_fence(o);
     reg_fence_a(pa);
-    if (t > 0) ws_release<D, 2, ST>(maps, base, lane, t - 1, hk, b, walk);
+    if (t > 0) ws_release<D, 2>(maps, base, lane, t - 1, hk, b, walk);
     if (!keep_o) scale_rows(o, cA, cB);
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk)

@@ -23,8 +23,13 @@ FUNC = re.compile(r"\s+Function : (\S+)")
 INS = re.compile(r"\s+/\*([0-9a-f]+)\*/\s+(.*?)\s*;")
 RS_HGMMA = re.compile(r"HGMMA\S* R\d+, R(\d+),")
 BRANCH = re.compile(r"(@!?U?P\w+\s+)?BRA(?:\.\S+)?\s+(?:\S+,\s+)?0x([0-9a-f]+)")
-NO_DST = ("ST", "HGMMA", "WARPGROUP", "BRA", "BAR", "SYNCS", "RED", "ATOM", "EXIT", "RET", "CALL",
-          "WARPSYNC", "NOP", "DEPBAR", "UTMA", "FENCE", "MEMBAR", "BSSY", "BSYNC", "VOTEU", "CCTL")
+# Opcodes (the part before the first '.') whose first operand is not a register they write: stores
+# and reductions, the wgmma itself (its accumulator is written asynchronously, which ptxas guards),
+# barriers, branches and fences (BAR.SYNC R161 reads R161). Atomics are not here: ATOMS returns the
+# old value into its first operand.
+NO_DST = {"ST", "STS", "STG", "STL", "STSM", "RED", "REDG", "HGMMA", "WARPGROUP", "BRA", "BAR", "SYNCS", "EXIT",
+          "RET", "CALL", "WARPSYNC", "NOP", "DEPBAR", "UTMALDG", "UTMASTG", "UTMAPF", "FENCE", "MEMBAR",
+          "BSSY", "BSYNC", "CCTL", "LDGSTS", "LDGDEPBAR", "ERRBAR", "YIELD"}
 
 
 def parse(text):
@@ -47,7 +52,7 @@ def written(ins):
     tok = ins.split()
     if tok and tok[0].startswith("@"):
         tok = tok[1:]
-    if len(tok) < 2 or tok[0].startswith(NO_DST):
+    if len(tok) < 2 or tok[0].split(".")[0] in NO_DST:
         return set()
     m = re.match(r"R(\d+)", tok[1])
     if not m:
@@ -168,3 +173,18 @@ def test_attention_kernels_have_no_a_operand_hazard_and_no_serialisation():
         if serialised(ins):
             problems.append(f"{f}: wgmmas serialised (a WARPGROUP.DEPBAR after nearly every HGMMA)")
     assert not problems, "\n".join(problems)
+
+
+if __name__ == "__main__":
+    # Instruction counts per wgmma kernel of a library or object (the uniform-datapath and wgmma
+    # figures in kernel/NOTES.md "v6"):  python3 tests/attention/test_sass_hazards.py LIB_OR_OBJECT
+    import sys
+
+    out = subprocess.run([cuobjdump(), "-sass", "-arch", "sm_90a", sys.argv[1]], capture_output=True, text=True)
+    for f, ins in sorted(parse(out.stdout).items()):
+        ops = [s.split()[1] if s.startswith("@") else s.split()[0] for _, s in ins]
+        h = sum(o.startswith("HGMMA") for o in ops)
+        if h:
+            u = sum(o.startswith("U") for o in ops)
+            d = sum(o.startswith("WARPGROUP.DEPBAR") for o in ops)
+            print(f"{len(ops):6d} instructions {u:5d} uniform {h:3d} HGMMA {d:3d} DEPBAR  {f}")
