@@ -117,7 +117,7 @@ void launch_attn_bwd_stage(const AttnParams& p, int stage, void* stream);
 // UserError naming the variable, the value and the allowed ones (a typo must not silently run
 // another kernel). kernel_variant.cpp; read at each launch.
 int kernel_variant_from_env(const char* name, const int* allowed, int n, int fallback);
-// Launches of the TMA-ring kernels (kernel/ws_sm90.cu: forward variants 7/8, dQ variant 7) so far
+// Launches of the TMA-ring kernels (kernel/ws_sm90.cu: forward variants 7/8, dQ variants 7/8) so far
 // in this process: how a test tells them from the one-warpgroup kernels they fall back to where the
 // heads cannot be paired or TMA cannot describe a tensor.
 int64_t ws_launch_count();

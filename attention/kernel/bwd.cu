@@ -22,7 +22,7 @@ namespace dflash::attention {
 bool wgmma_supported();                                   // bwd_sm90.cu
 void launch_dkv_wgmma(const AttnParams& p, void* stream);  // bwd_sm90.cu
 void launch_dq_wgmma(const AttnParams& p, void* stream);   // fwd_sm90.cu
-bool launch_dq_ws(const AttnParams& p, void* stream);     // ws_sm90.cu
+bool launch_dq_ws(const AttnParams& p, int variant, void* stream);  // ws_sm90.cu
 
 namespace {
 
@@ -33,13 +33,14 @@ constexpr int kThreads = 128;
 
 // Tile variant of the dQ kernel, for benchmarking (DFLASH_ATTN_DQ_VARIANT = 1: 16 rows/warp x
 // 64 keys, 2: 32 rows/warp x 16 keys, 3: 32 rows/warp x 32 keys, 4: Hopper wgmma (fwd_sm90.cu),
-// 7 (default): two query heads per CTA sharing a TMA K/V ring, with late waits (P under dQ(t-1) and
-// dP(t); ws_sm90.cu; 3.5% faster than 4 at the long shape, kernel/NOTES.md "v6"); 4 and 7 are
-// bit-identical, 7 runs 4 where the heads cannot be paired, both fall back to 3 where wgmma is
-// unavailable). Read at each launch.
+// 7: two query heads per CTA sharing a TMA K/V ring, with late waits (P under dQ(t-1) and
+// dP(t); ws_sm90.cu; 3.5% faster than 4 at the long shape, kernel/NOTES.md "v6"), 8 (default): 7 with
+// Q as a register operand of S (3.8% faster than 7, "v7"; at d = 64 it runs 7). 4, 7 and 8 are
+// bit-identical, 7 and 8 run 4 where the heads cannot be paired, all fall back to 3 where wgmma is
+// unavailable. Read at each launch.
 int dq_variant() {
-  static constexpr int kAllowed[] = {1, 2, 3, 4, 7};
-  return kernel_variant_from_env("DFLASH_ATTN_DQ_VARIANT", kAllowed, 5, 7);
+  static constexpr int kAllowed[] = {1, 2, 3, 4, 7, 8};
+  return kernel_variant_from_env("DFLASH_ATTN_DQ_VARIANT", kAllowed, 6, 8);
 }
 // dK/dV kernel variant (DFLASH_ATTN_DKV_VARIANT = 1: 4 warps x 16 keys, 2: 8 warps,
 // 3 (default): Hopper wgmma (bwd_sm90.cu; falls back to 1 where unavailable)).
@@ -481,7 +482,7 @@ void run_bwd(const AttnParams& p, cudaStream_t s, int stage) {
       case 3: run_dq<D, 2, 32>(p, s); break;
       default:
         if (!wgmma_supported()) run_dq<D, 2, 32>(p, s);
-        else if (!(dqv == 7 && launch_dq_ws(p, s))) launch_dq_wgmma(p, s);
+        else if (!((dqv == 7 || dqv == 8) && launch_dq_ws(p, dqv, s))) launch_dq_wgmma(p, s);
         break;
     }
   }

@@ -1,6 +1,7 @@
 // Forward and dQ pass of the DFlash attention with two query heads per CTA on a TMA K/V ring
 // (Hopper, sm_90a): forward variant 7 (the default; 8: the same with ping-pong between the
-// warpgroups) and dQ variant 7 (the default; a late-wait schedule, below).
+// warpgroups) and dQ variants 7 (a late-wait schedule, below) and 8 (the default: 7 with Q in
+// registers).
 //
 // One CTA per (64-row query tile, pair of query heads 2i and 2i+1 of one KV head), two warpgroups
 // (256 threads), warpgroup wg computing head 2i + wg with the products of the one-warpgroup kernels
@@ -222,7 +223,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_ws_kernel(const AttnPa
 #endif
 }
 
-// dQ variant 7 (the default; "late waits"): consumer warpgroup wg computes dQ of head h0 + wg with
+// dQ variant 7 ("late waits"; 8, the default, adds QREG below): consumer warpgroup wg computes dQ of head h0 + wg with
 // the products and arithmetic of the one-head dQ pass (fwd_sm90.cu, dQ 4) in the same order
 // (bit-identical), scheduled so that P runs under products in flight. ptxas places a wgmma wait like
 // an instruction with no inputs, at the top of its basic block: in dQ 4 (and the forward's variants
@@ -242,7 +243,15 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_ws_kernel(const AttnPa
 // deeper than the forward's: five, what fits at d = 128.
 constexpr int kLwDqStages = 5;
 
-template <int D>
+// QREG (dQ variant 8, the default at d = 128): S = Q K^T with Q's fragments in registers (the
+// forward's form, loaded once), so that S reads only K from shared memory. A shared x shared m64n64
+// product reads 4 KB per 32-clock k-step, the SM's whole shared-memory bandwidth (128 B/clock); with
+// S and dP both in that form, dQ's B reads and the ring's TMA writes, the pass asked for more than
+// that. 3.8% faster at the long shape, bit-identical (kernel/NOTES.md "v7"). Not at d = 64: there
+// ptxas gave Q's registers to other values inside the loop although the PTX keeps them live (wrong
+// dQ; tests/attention/test_sass_hazards.py now checks every kernel's SASS for that), so d = 64 runs
+// variant 7.
+template <int D, bool QREG = false>
 __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_ws_lw_kernel(const AttnParams p, const __grid_constant__ WsMaps maps) {
 #ifdef DFLASH_WGMMA
   constexpr int ST = kLwDqStages;
@@ -265,6 +274,12 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_ws_lw_kernel(const 
 #pragma unroll
   for (int i = 0; i < D / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
   mbar_wait(bars + 8 * ST, 0);
+  uint32_t qa[QREG ? D / 16 : 1][4];
+  if constexpr (QREG) {
+    __syncwarp();  // converged before the register operands are loaded (ws_sm90.cu's forward)
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) load_a_w<kTileQ>(sQ, c.w, ks, lane, qa[ks]);
+  }
 
   // A tile that sees no key returns here, so that the loop runs at least once and its last dQ
   // product is retired on every path (a path with a product in flight at the stores makes ptxas
@@ -284,7 +299,10 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_ws_lw_kernel(const 
     float s[8][4];
     wg_fence();
 #pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) wgmma_ss_n64(s, desc_k<kTileQ>(sQ, ks), desc_k<kTileK>(k_t, ks), ks > 0);
+    for (int ks = 0; ks < D / 16; ++ks) {
+      if constexpr (QREG) wgmma_rs_n64_kb(s, qa[ks], desc_k<kTileK>(k_t, ks), ks > 0);
+      else wgmma_ss_n64(s, desc_k<kTileQ>(sQ, ks), desc_k<kTileK>(k_t, ks), ks > 0);
+    }
     wg_commit();
     wg_wait<0>();  // S(t), dP(t-1) and dQ(t-2) retired (wait<1> here: ptxas serialises, as above)
     reg_fence(s);
@@ -400,13 +418,18 @@ bool launch_fwd_ws(const AttnParams& p, int variant, void* stream) {
   return true;
 }
 
-bool launch_dq_ws(const AttnParams& p, void* stream) {
+bool launch_dq_ws(const AttnParams& p, int variant, void* stream) {
   WsMaps maps{};
   if (!ws_maps(p, true, &maps)) return false;
   auto s = static_cast<cudaStream_t>(stream);
   const char* what = "attention backward dq (two heads per CTA)";
-  if (p.d == 128) launch(attn_bwd_dq_ws_lw_kernel<128>, WsSmem<128, 4, kLwDqStages>::kBytes, p, maps, s, what);
-  else launch(attn_bwd_dq_ws_lw_kernel<64>, WsSmem<64, 4, kLwDqStages>::kBytes, p, maps, s, what);
+  if (p.d == 128) {
+    constexpr int smem = WsSmem<128, 4, kLwDqStages>::kBytes;
+    variant == 8 ? launch(attn_bwd_dq_ws_lw_kernel<128, true>, smem, p, maps, s, what)
+                 : launch(attn_bwd_dq_ws_lw_kernel<128, false>, smem, p, maps, s, what);
+  } else {  // variant 8 runs 7 here (QREG)
+    launch(attn_bwd_dq_ws_lw_kernel<64, false>, WsSmem<64, 4, kLwDqStages>::kBytes, p, maps, s, what);
+  }
   return true;
 }
 

@@ -8,7 +8,7 @@
 #   4. Nsight Compute (long shape, bench/gpu/attention_prof.sh) on the forward variants, the dQ and
 #      the dK/dV pass: speed of light, memory workload, warp stalls (DFLASH_KAB_NCU=0: skipped).
 # A configuration is NAME=VAR=VALUE[,VAR=VALUE...]; DFLASH_KAB_CONFIGS holds them, space-separated
-# (default: "one=DFLASH_ATTN_FWD_VARIANT=5,DFLASH_ATTN_DQ_VARIANT=4 two=DFLASH_ATTN_FWD_VARIANT=7,DFLASH_ATTN_DQ_VARIANT=7"). Parts 2-4 stop
+# (default: "one=DFLASH_ATTN_FWD_VARIANT=5,DFLASH_ATTN_DQ_VARIANT=4 two=DFLASH_ATTN_FWD_VARIANT=7,DFLASH_ATTN_DQ_VARIANT=8"). Parts 2-4 stop
 # starting after DFLASH_KAB_BUDGET_S seconds (default 420), so that a device call's limit leaves
 # time to bring the logs back.
 #   bash bench/gpu/kernel_ab.sh BUILD_DIR OUT_DIR          (bash bench/gpu/run_all.sh kernel_ab)
@@ -18,7 +18,7 @@ BUILD=${1:?BUILD_DIR}
 OUT=${2:?OUT_DIR}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/../.."
-CONFIGS=${DFLASH_KAB_CONFIGS:-one=DFLASH_ATTN_FWD_VARIANT=5,DFLASH_ATTN_DQ_VARIANT=4 two=DFLASH_ATTN_FWD_VARIANT=7,DFLASH_ATTN_DQ_VARIANT=7}
+CONFIGS=${DFLASH_KAB_CONFIGS:-one=DFLASH_ATTN_FWD_VARIANT=5,DFLASH_ATTN_DQ_VARIANT=4 two=DFLASH_ATTN_FWD_VARIANT=7,DFLASH_ATTN_DQ_VARIANT=8}
 T0=$(date +%s)
 in_budget() { [ $(( $(date +%s) - T0 )) -lt "${DFLASH_KAB_BUDGET_S:-420}" ] || { echo "(budget spent: $1 skipped)"; return 1; }; }
 rc=0
@@ -39,6 +39,17 @@ grep -E "larger_gqa4\] (O|dQ|dK|dV):" "$OUT"/test_attention_*.txt
 echo "## attention_bench"
 timeout 90 "$BUILD/bench/attention_bench" --only long --no-sdpa --variants --iters 7 > "$OUT/variants_long.txt" 2>&1 || rc=1
 grep -E "variant|delta" "$OUT/variants_long.txt"
+# DFLASH_KAB_VARIANTS_PER_CONFIG=1: the raw per-stage launches again under each configuration (for
+# knobs that act inside a variant, such as DFLASH_ATTN_EXP_EMU)
+if [ "${DFLASH_KAB_VARIANTS_PER_CONFIG:-0}" = 1 ]; then
+  for c in $CONFIGS; do
+    n=$(cfg_name "$c")
+    # shellcheck disable=SC2046
+    env $(cfg_env "$c") timeout 90 "$BUILD/bench/attention_bench" --only long --no-sdpa --variants --iters 7 \
+      > "$OUT/variants_long_$n.txt" 2>&1 || rc=1
+    echo "--- $n (raw launches)"; grep -E "variant|delta" "$OUT/variants_long_$n.txt"
+  done
+fi
 for c in $CONFIGS; do
   n=$(cfg_name "$c")
   in_budget "attention_bench $n" || break

@@ -303,7 +303,8 @@ TEST_P(KernelVsReference, MatchesDenseFp32WithinTwiceSdpaError) {
 }
 
 // Forward variants 5 (Q as a register operand of S), 7 and 8 (two query heads per CTA on a TMA
-// K/V ring; 8 with ping-pong) and dQ variant 7 (two heads per CTA, late waits) against the
+// K/V ring; 8 with ping-pong) and dQ variants 7 (two heads per CTA, late waits) and 8 (7 with Q as a
+// register operand of S) against the
 // one-warpgroup kernels with Q from shared memory (forward 4, dQ 4): the same bf16 operands into the
 // same wgmma k-steps in the same order, so O, LSE and dQ must be bit-identical; a wrong fragment
 // layout, k-step, ring slot or barrier phase shows up as a difference. Both cases pair their heads
@@ -335,7 +336,8 @@ TEST(KernelForwardVariants, VariantsEqualTheSharedMemoryKernelBitwise) {
     };
     const Run ref = run("4", "4");
     ASSERT_FALSE(has_nan(ref.o)) << c.name;
-    for (auto [fwd, dq] : {std::pair{"5", "4"}, std::pair{"7", "7"}, std::pair{"8", "7"}, std::pair{"7", "4"}}) {
+    for (auto [fwd, dq] : {std::pair{"5", "4"}, std::pair{"7", "7"}, std::pair{"8", "7"}, std::pair{"7", "4"},
+                          std::pair{"7", "8"}}) {
       const int64_t ws_before = ws_launch_count();
       const Run r = run(fwd, dq);
       const int ws_expected = (std::string(fwd) != "5") + (std::string(dq) != "4");  // two-head kernels

@@ -8,7 +8,9 @@ down to ptxas's register allocation, so the built SASS is checked here:
   1. no instruction writes a register of an in-flight wgmma's A operand on any path from the wgmma
      to the next WARPGROUP.DEPBAR;
   2. no kernel has its wgmmas serialised (a WARPGROUP.DEPBAR after nearly every HGMMA: ptxas's
-     C7514/C7520 fallback, which costs the overlap the schedules are built for).
+     C7514/C7520 fallback, which costs the overlap the schedules are built for);
+  3. A fragments loaded once before a loop (Q in registers) are not overwritten inside it: ptxas did
+     exactly that in one kernel although the PTX kept them live (kernel/NOTES.md).
 The checker itself is tested on small synthetic listings, so that a check that cannot fail shows.
 """
 import os
@@ -97,6 +99,42 @@ def a_operand_hazards(ins):
     return found
 
 
+def loop_invariant_a_clobbers(ins):
+    """(wgmma address, writer address, writer) where a wgmma inside a loop reads register A fragments
+    that were loaded (LDSM) before the loop and are not reloaded in it (Q held in registers), and
+    another instruction in the loop writes one of those registers: the next iteration's wgmma then
+    reads that instead. Seen: ptxas gave Q's fragments in the d = 64 dQ pass with Q in registers
+    to dS and to an mbarrier byte count (kernel/NOTES.md); the PTX kept them live across the loop."""
+    index = {a: i for i, (a, _) in enumerate(ins)}
+    loops = []  # (start index, back-branch index)
+    for j, (_, s) in enumerate(ins):
+        b = BRANCH.match(s)
+        if b:
+            t = index.get(int(b.group(2), 16))
+            if t is not None and t <= j:
+                loops.append((t, j))
+    found = []
+    for i, (a, s) in enumerate(ins):
+        m = RS_HGMMA.search(s)
+        if not m:
+            continue
+        regs = {f"R{int(m.group(1)) + k}" for k in range(4)}
+        around = [(lo, hi) for lo, hi in loops if lo <= i <= hi]
+        if not around:
+            continue
+        lo, hi = min(around, key=lambda r: r[1] - r[0])
+        ldsm_out = any(s2.startswith("LDSM") and written(s2) & regs
+                       for j, (_, s2) in enumerate(ins) if not lo <= j <= hi)
+        ldsm_in = any(s2.startswith("LDSM") and written(s2) & regs for _, s2 in ins[lo:hi + 1])
+        if not ldsm_out or ldsm_in:
+            continue
+        for a2, s2 in ins[lo:hi + 1]:
+            if written(s2) & regs:
+                found.append((a, a2, s2))
+                break
+    return found
+
+
 def serialised(ins):
     """True when the wgmmas are serialised: a WARPGROUP.DEPBAR for at least every other HGMMA."""
     h = sum(1 for _, s in ins if s.startswith("HGMMA"))
@@ -127,6 +165,31 @@ def test_checker_finds_an_overwrite_on_a_branch():
     assert a_operand_hazards(f["ok_kernel"]) == []
     bad = a_operand_hazards(f["bad_kernel"])
     assert [(a, b) for a, b, _ in bad] == [(0x0, 0x40)]
+
+
+LOOP = """
+        Function : qreg_ok
+        /*0000*/                   LDSM.16.M88.4 R120, [R18] ;
+        /*0010*/                   HGMMA.64x64x16.F32.BF16 R56, R120, gdesc[UR8], RZ, !UPT, gsb0 ;
+        /*0020*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+        /*0030*/                   F2FP.BF16.F32.PACK_AB R140, R57, R56 ;
+        /*0040*/              @!P0 BRA 0x10 ;
+        /*0050*/                   MOV R120, 0x1 ;
+        /*0060*/                   EXIT ;
+        Function : qreg_bad
+        /*0000*/                   LDSM.16.M88.4 R120, [R18] ;
+        /*0010*/                   HGMMA.64x64x16.F32.BF16 R56, R120, gdesc[UR8], RZ, !UPT, gsb0 ;
+        /*0020*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;
+        /*0030*/                   F2FP.BF16.F32.PACK_AB R121, R57, R56 ;
+        /*0040*/              @!P0 BRA 0x10 ;
+        /*0050*/                   EXIT ;
+"""
+
+
+def test_checker_finds_a_loop_invariant_operand_clobbered():
+    f = parse(LOOP)
+    assert loop_invariant_a_clobbers(f["qreg_ok"]) == []  # written after the loop only
+    assert [(a, b) for a, b, _ in loop_invariant_a_clobbers(f["qreg_bad"])] == [(0x10, 0x30)]
 
 
 def test_checker_finds_serialisation():
@@ -170,6 +233,9 @@ def test_attention_kernels_have_no_a_operand_hazard_and_no_serialisation():
         for a, b, s in a_operand_hazards(ins)[:3]:
             problems.append(f"{f}: wgmma at {a:#x} reads its A operand from registers that {s!r} at {b:#x} "
                             "overwrites before the wait that retires it")
+        for a, b, s in loop_invariant_a_clobbers(ins)[:3]:
+            problems.append(f"{f}: wgmma at {a:#x} reads A fragments loaded before its loop, which {s!r} at "
+                            f"{b:#x} overwrites inside the loop")
         if serialised(ins):
             problems.append(f"{f}: wgmmas serialised (a WARPGROUP.DEPBAR after nearly every HGMMA)")
     assert not problems, "\n".join(problems)
