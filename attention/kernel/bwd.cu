@@ -39,8 +39,8 @@ constexpr int kThreads = 128;
 // bit-identical, 7 and 8 run 4 where the heads cannot be paired, all fall back to 3 where wgmma is
 // unavailable. Read at each launch.
 int dq_variant() {
-  static constexpr int kAllowed[] = {1, 2, 3, 4, 7, 8, 9};
-  return kernel_variant_from_env("DFLASH_ATTN_DQ_VARIANT", kAllowed, 7, 8);
+  static constexpr int kAllowed[] = {1, 2, 3, 4, 7, 8};
+  return kernel_variant_from_env("DFLASH_ATTN_DQ_VARIANT", kAllowed, 6, 8);
 }
 // dK/dV kernel variant (DFLASH_ATTN_DKV_VARIANT = 1: 4 warps x 16 keys, 2: 8 warps,
 // 3 (default): Hopper wgmma (bwd_sm90.cu; falls back to 1 where unavailable)).
@@ -482,7 +482,7 @@ void run_bwd(const AttnParams& p, cudaStream_t s, int stage) {
       case 3: run_dq<D, 2, 32>(p, s); break;
       default:
         if (!wgmma_supported()) run_dq<D, 2, 32>(p, s);
-        else if (!(dqv >= 7 && launch_dq_ws(p, dqv, s))) launch_dq_wgmma(p, s);
+        else if (!((dqv == 7 || dqv == 8) && launch_dq_ws(p, dqv, s))) launch_dq_wgmma(p, s);
         break;
     }
   }

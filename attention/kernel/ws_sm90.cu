@@ -251,7 +251,7 @@ constexpr int kLwDqStages = 5;
 // ptxas gave Q's registers to other values inside the loop although the PTX keeps them live (wrong
 // dQ; tests/attention/test_sass_hazards.py now checks every kernel's SASS for that), so d = 64 runs
 // variant 7.
-template <int D, bool QREG = false, bool DOREG = false>
+template <int D, bool QREG = false>
 __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_ws_lw_kernel(const AttnParams p, const __grid_constant__ WsMaps maps) {
 #ifdef DFLASH_WGMMA
   constexpr int ST = kLwDqStages;
@@ -275,13 +275,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_ws_lw_kernel(const 
   for (int i = 0; i < D / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
   mbar_wait(bars + 8 * ST, 0);
   uint32_t qa[QREG ? D / 16 : 1][4];
-  uint32_t oa[DOREG ? D / 16 : 1][4];
   if constexpr (QREG) {
     __syncwarp();  // converged before the register operands are loaded (ws_sm90.cu's forward)
-    if constexpr (DOREG) {
-#pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks) load_a_w<kTileQ>(sdO, c.w, ks, lane, oa[ks]);
-    }
 #pragma unroll
     for (int ks = 0; ks < D / 16; ++ks) load_a_w<kTileQ>(sQ, c.w, ks, lane, qa[ks]);
   }
@@ -323,10 +318,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_ws_lw_kernel(const 
       wg_commit();
     }
 #pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
-      if constexpr (DOREG) wgmma_rs_n64_kb(dp, oa[ks], desc_k<kTileK>(v_t, ks), ks > 0);
-      else wgmma_ss_n64(dp, desc_k<kTileQ>(sdO, ks), desc_k<kTileK>(v_t, ks), ks > 0);
-    }
+    for (int ks = 0; ks < D / 16; ++ks) wgmma_ss_n64(dp, desc_k<kTileQ>(sdO, ks), desc_k<kTileK>(v_t, ks), ks > 0);
     wg_commit();  // dQ(t-1) and dP(t) run under P(t) below
     mask_tile(s, n0, ctx, c.rowA, c.rowB, t4);
     dq_p(s, sl2, rw);
@@ -433,8 +425,7 @@ bool launch_dq_ws(const AttnParams& p, int variant, void* stream) {
   const char* what = "attention backward dq (two heads per CTA)";
   if (p.d == 128) {
     constexpr int smem = WsSmem<128, 4, kLwDqStages>::kBytes;
-    if (variant == 9) launch(attn_bwd_dq_ws_lw_kernel<128, true, true>, smem, p, maps, s, what);
-    else variant == 8 ? launch(attn_bwd_dq_ws_lw_kernel<128, true>, smem, p, maps, s, what)
+    variant == 8 ? launch(attn_bwd_dq_ws_lw_kernel<128, true>, smem, p, maps, s, what)
                  : launch(attn_bwd_dq_ws_lw_kernel<128, false>, smem, p, maps, s, what);
   } else {  // variant 8 runs 7 here (QREG)
     launch(attn_bwd_dq_ws_lw_kernel<64, false>, WsSmem<64, 4, kLwDqStages>::kBytes, p, maps, s, what);
