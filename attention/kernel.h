@@ -117,10 +117,6 @@ void launch_attn_bwd_stage(const AttnParams& p, int stage, void* stream);
 // UserError naming the variable, the value and the allowed ones (a typo must not silently run
 // another kernel). kernel_variant.cpp; read at each launch.
 int kernel_variant_from_env(const char* name, const int* allowed, int n, int fallback);
-// How many of each tile's 8 accumulator column groups take their exponentials from the FMA pipes
-// instead of MUFU (kernel/common.cuh ex2_fma) in the d = 128 wgmma kernels (forward 7, dQ 7,
-// dK/dV 3): DFLASH_ATTN_EXP_EMU = 0, 2 or 4. kernel_variant.cpp; read at each launch.
-int exp_emu();
 // Launches of the TMA-ring kernels (kernel/ws_sm90.cu: forward variants 7/8, dQ variants 7/8) so far
 // in this process: how a test tells them from the one-warpgroup kernels they fall back to where the
 // heads cannot be paired or TMA cannot describe a tensor.

@@ -22,9 +22,4 @@ int kernel_variant_from_env(const char* name, const int* allowed, int n, int fal
              name, e, list, fallback);
 }
 
-int exp_emu() {
-  static constexpr int kAllowed[] = {0, 2, 4};
-  return kernel_variant_from_env("DFLASH_ATTN_EXP_EMU", kAllowed, 3, 0);
-}
-
 }  // namespace dflash::attention

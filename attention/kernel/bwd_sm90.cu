@@ -38,7 +38,7 @@ struct DkvWgSmem {
   static constexpr int kBytes = 1024 + 2 * kTile + 2 * kStageAligned;  // +1024: base alignment
 };
 
-template <int D, int EMU>
+template <int D>
 __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dkv_wgmma_kernel(const AttnParams p) {
 #ifdef DFLASH_WGMMA
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -179,10 +179,10 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dkv_wgmma_kernel(const
       const float2 lv = *reinterpret_cast<const float2*>(sL + j * 8 + 2 * t4);
       const float l0 = lv.x == -INFINITY ? INFINITY : lv.x * kLog2e;
       const float l1 = lv.y == -INFINITY ? INFINITY : lv.y * kLog2e;
-      st[j][0] = ex2_col<EMU>(j, fmaf(st[j][0], sl2, -l0));
-      st[j][1] = ex2_col<EMU>(j, fmaf(st[j][1], sl2, -l1));
-      st[j][2] = ex2_col<EMU>(j, fmaf(st[j][2], sl2, -l0));
-      st[j][3] = ex2_col<EMU>(j, fmaf(st[j][3], sl2, -l1));
+      st[j][0] = ex2(fmaf(st[j][0], sl2, -l0));
+      st[j][1] = ex2(fmaf(st[j][1], sl2, -l1));
+      st[j][2] = ex2(fmaf(st[j][2], sl2, -l0));
+      st[j][3] = ex2(fmaf(st[j][3], sl2, -l1));
     }
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) acc_to_a(st[2 * kk], st[2 * kk + 1], pa[kk]);
@@ -241,11 +241,11 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dkv_wgmma_kernel(const
 #endif
 }
 
-template <int D, int EMU>
+template <int D>
 void run(const AttnParams& p, cudaStream_t s) {
   constexpr int smem = DkvWgSmem<D>::kBytes;
-  cudaFuncSetAttribute(attn_bwd_dkv_wgmma_kernel<D, EMU>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  attn_bwd_dkv_wgmma_kernel<D, EMU><<<dim3(p.meta.nkt, p.Hkv, p.B), kWgThreads, smem, s>>>(p);
+  cudaFuncSetAttribute(attn_bwd_dkv_wgmma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  attn_bwd_dkv_wgmma_kernel<D><<<dim3(p.meta.nkt, p.Hkv, p.B), kWgThreads, smem, s>>>(p);
   DFLASH_CHECK_LAUNCH("attention backward dkv (wgmma)");
 }
 
@@ -284,14 +284,8 @@ bool wgmma_supported() {
 
 void launch_dkv_wgmma(const AttnParams& p, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
-  const int emu = exp_emu();
-  if (p.d == 128) {
-    if (emu == 2) run<128, 2>(p, s);
-    else if (emu == 4) run<128, 4>(p, s);
-    else run<128, 0>(p, s);
-  } else {
-    run<64, 0>(p, s);
-  }
+  if (p.d == 128) run<128>(p, s);
+  else run<64>(p, s);
 }
 
 }  // namespace dflash::attention

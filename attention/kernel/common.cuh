@@ -130,33 +130,6 @@ __device__ __forceinline__ float ex2(float x) {
   return y;
 }
 
-// 2^x on the FMA and integer pipes instead of the MUFU unit (16 results per clock per SM, against
-// 128 FMAs): x is rounded to the nearest integer n by adding 1.5 * 2^23, 2^(x - n) comes from a
-// degree-3 polynomial on [-0.5, 0.5] (minimax in relative error, by Remez exchange), and n is added
-// to the exponent bits. Relative error below 7.5e-5 (P is then rounded to bf16: up to 2^-9).
-// x <= -127 (-inf: a masked score) gives +0 exactly, as ex2 does (the integer sum goes negative and
-// is clamped); x must be below 128 (the kernels' arguments are <= 0 up to rounding).
-constexpr float kEx2C0 = 0.999928057f, kEx2C1 = 0.693260968f, kEx2C2 = 0.242611125f, kEx2C3 = 0.0551716685f;
-__device__ __forceinline__ float ex2_fma(float x) {
-  x = fmaxf(x, -127.f);
-  const float t = x + 12582912.f;
-  const float f = x - (t - 12582912.f);
-  const float p = fmaf(fmaf(fmaf(kEx2C3, f, kEx2C2), f, kEx2C1), f, kEx2C0);
-  const int bits = __float_as_int(p) + (__float_as_int(t) << 23);
-  return __int_as_float(max(bits, 0));
-}
-
-// Which of a tile's 8 accumulator column groups take their exponentials from ex2_fma: EMU of 8
-// (0: none, every exponential on MUFU). The rest use ex2.
-template <int EMU>
-__device__ __forceinline__ constexpr bool exp_on_fma(int j) {
-  return EMU > 0 && j % (8 / EMU) == 8 / EMU - 1;
-}
-template <int EMU>
-__device__ __forceinline__ float ex2_col(int j, float x) {
-  return exp_on_fma<EMU>(j) ? ex2_fma(x) : ex2(x);
-}
-
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 

@@ -55,7 +55,6 @@ __device__ __forceinline__ void mask_tile(float (&s)[8][4], int n0, bool ctx, co
 // factors c by which O must be rescaled (exactly 1 where the maximum did not change: an FFMA of
 // m*sl2 - u would leave a rounding residual there). Returns whether no row of the warp has a new
 // maximum (O can be left as is; the common case once a few tiles are in).
-template <int EMU = 0>
 __device__ __forceinline__ bool softmax_step(float (&s)[8][4], float& mA, float& mB, float& lA, float& lB, float sl2,
                                              uint32_t (&pn)[4][4], float& cA, float& cB) {
   float mxA = mA, mxB = mB;
@@ -79,10 +78,10 @@ __device__ __forceinline__ bool softmax_step(float (&s)[8][4], float& mA, float&
   lB *= cB;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
-    s[j][0] = ex2_col<EMU>(j, s[j][0] * sl2 - uA);
-    s[j][1] = ex2_col<EMU>(j, s[j][1] * sl2 - uA);
-    s[j][2] = ex2_col<EMU>(j, s[j][2] * sl2 - uB);
-    s[j][3] = ex2_col<EMU>(j, s[j][3] * sl2 - uB);
+    s[j][0] = ex2(s[j][0] * sl2 - uA);
+    s[j][1] = ex2(s[j][1] * sl2 - uA);
+    s[j][2] = ex2(s[j][2] * sl2 - uB);
+    s[j][3] = ex2(s[j][3] * sl2 - uB);
     lA += s[j][0] + s[j][1];
     lB += s[j][2] + s[j][3];
   }
@@ -148,15 +147,14 @@ __device__ __forceinline__ DqRows dq_rows(const AttnParams& p, int b, int h, int
   r.dB = rb < p.q_len ? delta[rb] : 0.f;
   return r;
 }
-// P = exp2(S * sl2 - lse * log2e) in place (S masked); EMU: exp_on_fma (common.cuh).
-template <int EMU = 0>
+// P = exp2(S * sl2 - lse * log2e) in place (S masked).
 __device__ __forceinline__ void dq_p(float (&s)[8][4], float sl2, const DqRows& r) {
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
-    s[j][0] = ex2_col<EMU>(j, fmaf(s[j][0], sl2, -r.lA));
-    s[j][1] = ex2_col<EMU>(j, fmaf(s[j][1], sl2, -r.lA));
-    s[j][2] = ex2_col<EMU>(j, fmaf(s[j][2], sl2, -r.lB));
-    s[j][3] = ex2_col<EMU>(j, fmaf(s[j][3], sl2, -r.lB));
+    s[j][0] = ex2(fmaf(s[j][0], sl2, -r.lA));
+    s[j][1] = ex2(fmaf(s[j][1], sl2, -r.lA));
+    s[j][2] = ex2(fmaf(s[j][2], sl2, -r.lB));
+    s[j][3] = ex2(fmaf(s[j][3], sl2, -r.lB));
   }
 }
 // dS = P * (dP - delta) as bf16 A fragments.

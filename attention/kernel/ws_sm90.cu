@@ -134,7 +134,7 @@ struct WsCta {
   }
 };
 
-template <int D, bool PINGPONG, int EMU = 0>
+template <int D, bool PINGPONG>
 __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_ws_kernel(const AttnParams p, const __grid_constant__ WsMaps maps) {
 #ifdef DFLASH_WGMMA
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -196,7 +196,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_ws_kernel(const AttnPa
     mask_tile(s, n0, ctx, c.rowA, c.rowB, t4);
     float cA, cB;
     uint32_t pn[4][4];
-    const bool keep_o = softmax_step<EMU>(s, mA, mB, lA, lB, sl2, pn, cA, cB);
+    const bool keep_o = softmax_step(s, mA, mB, lA, lB, sl2, pn, cA, cB);
     wg_wait<0>();  // P(t-1) V(t-1) done: tile t-1's buffer is released
     reg_fence(o);
     reg_fence_a(pa);
@@ -251,7 +251,7 @@ constexpr int kLwDqStages = 5;
 // ptxas gave Q's registers to other values inside the loop although the PTX keeps them live (wrong
 // dQ; tests/attention/test_sass_hazards.py now checks every kernel's SASS for that), so d = 64 runs
 // variant 7.
-template <int D, bool QREG = false, int EMU = 0>
+template <int D, bool QREG = false>
 __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_ws_lw_kernel(const AttnParams p, const __grid_constant__ WsMaps maps) {
 #ifdef DFLASH_WGMMA
   constexpr int ST = kLwDqStages;
@@ -321,7 +321,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_ws_lw_kernel(const 
     for (int ks = 0; ks < D / 16; ++ks) wgmma_ss_n64(dp, desc_k<kTileQ>(sdO, ks), desc_k<kTileK>(v_t, ks), ks > 0);
     wg_commit();  // dQ(t-1) and dP(t) run under P(t) below
     mask_tile(s, n0, ctx, c.rowA, c.rowB, t4);
-    dq_p<EMU>(s, sl2, rw);
+    dq_p(s, sl2, rw);
 #pragma unroll
     for (int j = 0; j < 8; ++j)
 #pragma unroll
@@ -408,12 +408,9 @@ bool launch_fwd_ws(const AttnParams& p, int variant, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
   const char* what = "attention forward (two heads per CTA)";
   const bool pingpong = variant == 8;
-  const int emu = exp_emu();
   if (p.d == 128) {
-    if (pingpong) launch(attn_fwd_ws_kernel<128, true>, WsSmem<128, 2>::kBytes, p, maps, s, what);
-    else if (emu == 2) launch(attn_fwd_ws_kernel<128, false, 2>, WsSmem<128, 2>::kBytes, p, maps, s, what);
-    else if (emu == 4) launch(attn_fwd_ws_kernel<128, false, 4>, WsSmem<128, 2>::kBytes, p, maps, s, what);
-    else launch(attn_fwd_ws_kernel<128, false>, WsSmem<128, 2>::kBytes, p, maps, s, what);
+    pingpong ? launch(attn_fwd_ws_kernel<128, true>, WsSmem<128, 2>::kBytes, p, maps, s, what)
+             : launch(attn_fwd_ws_kernel<128, false>, WsSmem<128, 2>::kBytes, p, maps, s, what);
   } else {
     pingpong ? launch(attn_fwd_ws_kernel<64, true>, WsSmem<64, 2>::kBytes, p, maps, s, what)
              : launch(attn_fwd_ws_kernel<64, false>, WsSmem<64, 2>::kBytes, p, maps, s, what);
@@ -428,11 +425,8 @@ bool launch_dq_ws(const AttnParams& p, int variant, void* stream) {
   const char* what = "attention backward dq (two heads per CTA)";
   if (p.d == 128) {
     constexpr int smem = WsSmem<128, 4, kLwDqStages>::kBytes;
-    const int emu = exp_emu();  // the experiment ran on dQ 7 (the default then)
-    if (variant == 8) launch(attn_bwd_dq_ws_lw_kernel<128, true>, smem, p, maps, s, what);
-    else if (emu == 2) launch(attn_bwd_dq_ws_lw_kernel<128, false, 2>, smem, p, maps, s, what);
-    else if (emu == 4) launch(attn_bwd_dq_ws_lw_kernel<128, false, 4>, smem, p, maps, s, what);
-    else launch(attn_bwd_dq_ws_lw_kernel<128, false>, smem, p, maps, s, what);
+    variant == 8 ? launch(attn_bwd_dq_ws_lw_kernel<128, true>, smem, p, maps, s, what)
+                 : launch(attn_bwd_dq_ws_lw_kernel<128, false>, smem, p, maps, s, what);
   } else {  // variant 8 runs 7 here (QREG)
     launch(attn_bwd_dq_ws_lw_kernel<64, false>, WsSmem<64, 4, kLwDqStages>::kBytes, p, maps, s, what);
   }
