@@ -20,7 +20,7 @@
 namespace dflash::attention {
 
 bool wgmma_supported();                                   // bwd_sm90.cu
-void launch_dkv_wgmma(const AttnParams& p, bool kreg, void* stream);  // bwd_sm90.cu
+void launch_dkv_wgmma(const AttnParams& p, void* stream);  // bwd_sm90.cu
 void launch_dq_wgmma(const AttnParams& p, void* stream);   // fwd_sm90.cu
 bool launch_dq_ws(const AttnParams& p, int variant, void* stream);  // ws_sm90.cu
 
@@ -43,11 +43,10 @@ int dq_variant() {
   return kernel_variant_from_env("DFLASH_ATTN_DQ_VARIANT", kAllowed, 6, 8);
 }
 // dK/dV kernel variant (DFLASH_ATTN_DKV_VARIANT = 1: 4 warps x 16 keys, 2: 8 warps,
-// 3 (default): Hopper wgmma (bwd_sm90.cu; falls back to 1 where unavailable), 5: 3 with K as a
-// register operand of S^T and dP^T after P (bwd_sm90.cu KREG; d = 128, else 3)).
+// 3 (default): Hopper wgmma (bwd_sm90.cu; falls back to 1 where unavailable)).
 int dkv_variant() {
-  static constexpr int kAllowed[] = {1, 2, 3, 5};
-  return kernel_variant_from_env("DFLASH_ATTN_DKV_VARIANT", kAllowed, 4, 3);
+  static constexpr int kAllowed[] = {1, 2, 3};
+  return kernel_variant_from_env("DFLASH_ATTN_DKV_VARIANT", kAllowed, 3, 3);
 }
 
 
@@ -489,7 +488,7 @@ void run_bwd(const AttnParams& p, cudaStream_t s, int stage) {
   }
   if (stage < 0 || stage == 2) {
     const int var = dkv_variant();
-    if ((var == 3 || var == 5) && wgmma_supported()) launch_dkv_wgmma(p, var == 5, s);
+    if (var == 3 && wgmma_supported()) launch_dkv_wgmma(p, s);
     else if (var == 2) run_dkv<D, 8>(p, s);
     else run_dkv<D, 4>(p, s);
   }

@@ -38,7 +38,7 @@ struct DkvWgSmem {
   static constexpr int kBytes = 1024 + 2 * kTile + 2 * kStageAligned;  // +1024: base alignment
 };
 
-template <int D, bool KREG>
+template <int D>
 __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dkv_wgmma_kernel(const AttnParams p) {
 #ifdef DFLASH_WGMMA
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -117,13 +117,6 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dkv_wgmma_kernel(const
   // (the common case when blocks are sorted by anchor) skips the per-element test.
   int buf = 0;
   uint32_t da[4][4];  // dS^T(i-1): A operand of dK(i-1), in flight into item i
-  uint32_t ka[KREG ? D / 16 : 1][4];  // KREG: K's A fragments, loaded once
-  if constexpr (KREG) {
-    cp_async_wait<0>();
-    __syncthreads();
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) load_a_w<kTileK>(sK, warp, ks, lane, ka[ks]);
-  }
   while (item < nitems) {
     // The next item's query-tile record is loaded here and tested after this item's S^T and dP^T
     // are issued: the test right after the block barrier waited for that global load (ncu: 4.4% of
@@ -142,20 +135,14 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dkv_wgmma_kernel(const
     float st[8][4], dpt[8][4];
     wg_fence();
 #pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) {
-      if constexpr (KREG) wgmma_rs_n64_kb(st, ka[ks], desc_k<kTileQ>(sQ, ks), ks > 0);
-      else wgmma_ss_n64(st, desc_k<kTileK>(sK, ks), desc_k<kTileQ>(sQ, ks), ks > 0);
-    }
+    for (int ks = 0; ks < D / 16; ++ks)
+      wgmma_ss_n64(st, desc_k<kTileK>(sK, ks), desc_k<kTileQ>(sQ, ks), ks > 0);
     wg_commit();
-    if constexpr (KREG) {
-      wg_wait<0>();  // S^T(i) and dK(i-1) done (dP^T(i) comes after P(i): see KREG)
-    } else {
 #pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks)
-        wgmma_ss_n64(dpt, desc_k<kTileK>(sV, ks), desc_k<kTileQ>(sdO, ks), ks > 0);
-      wg_commit();
-      wg_wait<1>();  // S^T(i) done, and before it dK(i-1)
-    }
+    for (int ks = 0; ks < D / 16; ++ks)
+      wgmma_ss_n64(dpt, desc_k<kTileK>(sV, ks), desc_k<kTileQ>(sdO, ks), ks > 0);
+    wg_commit();
+    wg_wait<1>();  // S^T(i) done, and before it dK(i-1)
     reg_fence(st);
     reg_fence(dk);
     reg_fence_a(da);
@@ -203,17 +190,7 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dkv_wgmma_kernel(const
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) wgmma_rs_nd_tb<D>(dv, pa[kk], desc_mn<kTileQ>(sdO, kk));
     wg_commit();
-    if constexpr (KREG) {
-#pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks)
-        wgmma_ss_n64(dpt, desc_k<kTileK>(sV, ks), desc_k<kTileQ>(sdO, ks), ks > 0);
-      wg_commit();
-      wg_wait<0>();  // dV(i) and dP^T(i) done
-      reg_fence(dv);
-      reg_fence_a(pa);
-    } else {
-      wg_wait<1>();
-    }
+    wg_wait<1>();
     reg_fence(dpt);
 
     // dS^T = P^T * (dP^T - delta), with P as rounded to bf16 for the dV product (pa): holding
@@ -264,11 +241,11 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dkv_wgmma_kernel(const
 #endif
 }
 
-template <int D, bool KREG>
+template <int D>
 void run(const AttnParams& p, cudaStream_t s) {
   constexpr int smem = DkvWgSmem<D>::kBytes;
-  cudaFuncSetAttribute(attn_bwd_dkv_wgmma_kernel<D, KREG>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  attn_bwd_dkv_wgmma_kernel<D, KREG><<<dim3(p.meta.nkt, p.Hkv, p.B), kWgThreads, smem, s>>>(p);
+  cudaFuncSetAttribute(attn_bwd_dkv_wgmma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  attn_bwd_dkv_wgmma_kernel<D><<<dim3(p.meta.nkt, p.Hkv, p.B), kWgThreads, smem, s>>>(p);
   DFLASH_CHECK_LAUNCH("attention backward dkv (wgmma)");
 }
 
@@ -305,10 +282,10 @@ bool wgmma_supported() {
   return ok;
 }
 
-void launch_dkv_wgmma(const AttnParams& p, bool kreg, void* stream) {
+void launch_dkv_wgmma(const AttnParams& p, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
-  if (p.d == 128) kreg ? run<128, true>(p, s) : run<128, false>(p, s);
-  else run<64, false>(p, s);
+  if (p.d == 128) run<128>(p, s);
+  else run<64>(p, s);
 }
 
 }  // namespace dflash::attention
