@@ -35,7 +35,7 @@ constexpr int kThreads = 128;
 // 64 keys, 2: 32 rows/warp x 16 keys, 3: 32 rows/warp x 32 keys, 4: Hopper wgmma (fwd_sm90.cu),
 // 7: two query heads per CTA sharing a TMA K/V ring, with late waits (P under dQ(t-1) and
 // dP(t); ws_sm90.cu; 3.5% faster than 4 at the long shape, kernel/NOTES.md "v6"), 8 (default): 7 with
-// Q as a register operand of S (3.8% faster than 7, "v7"; at d = 64 it runs 7). 4, 7 and 8 are
+// Q as a register operand of S (3.1-3.8% faster than 7, "v7"; at d = 64 it runs 7). 4, 7 and 8 are
 // bit-identical, 7 and 8 run 4 where the heads cannot be paired, all fall back to 3 where wgmma is
 // unavailable. Read at each launch.
 int dq_variant() {

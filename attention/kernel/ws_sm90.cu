@@ -223,8 +223,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_ws_kernel(const AttnPa
 #endif
 }
 
-// dQ variant 7 ("late waits"; 8, the default, adds QREG below): consumer warpgroup wg computes dQ of head h0 + wg with
-// the products and arithmetic of the one-head dQ pass (fwd_sm90.cu, dQ 4) in the same order
+// dQ variant 7 ("late waits"; 8, the default, adds QREG below): consumer warpgroup wg computes dQ of
+// head h0 + wg with the products and arithmetic of the one-head dQ pass (fwd_sm90.cu, dQ 4) in the same order
 // (bit-identical), scheduled so that P runs under products in flight. ptxas places a wgmma wait like
 // an instruction with no inputs, at the top of its basic block: in dQ 4 (and the forward's variants
 // 5-8) the CUDA-core work written between a product's issue and its wait sits in SASS after the
@@ -247,7 +247,7 @@ constexpr int kLwDqStages = 5;
 // forward's form, loaded once), so that S reads only K from shared memory. A shared x shared m64n64
 // product reads 4 KB per 32-clock k-step, the SM's whole shared-memory bandwidth (128 B/clock); with
 // S and dP both in that form, dQ's B reads and the ring's TMA writes, the pass asked for more than
-// that. 3.8% faster at the long shape, bit-identical (kernel/NOTES.md "v7"). Not at d = 64: there
+// that. 3.1-3.8% faster as a raw stage at the long shape, bit-identical (kernel/NOTES.md "v7"). Not at d = 64: there
 // ptxas gave Q's registers to other values inside the loop although the PTX keeps them live (wrong
 // dQ; tests/attention/test_sass_hazards.py now checks every kernel's SASS for that), so d = 64 runs
 // variant 7.

@@ -40,7 +40,7 @@ echo "## attention_bench"
 timeout 90 "$BUILD/bench/attention_bench" --only long --no-sdpa --variants --iters 7 > "$OUT/variants_long.txt" 2>&1 || rc=1
 grep -E "variant|delta" "$OUT/variants_long.txt"
 # DFLASH_KAB_VARIANTS_PER_CONFIG=1: the raw per-stage launches again under each configuration (for
-# knobs that act inside a variant, such as DFLASH_ATTN_EXP_EMU)
+# knobs that act inside a variant; kernel/NOTES.md v7's exponent experiment used it)
 if [ "${DFLASH_KAB_VARIANTS_PER_CONFIG:-0}" = 1 ]; then
   for c in $CONFIGS; do
     n=$(cfg_name "$c")
