@@ -224,8 +224,8 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_ws_kernel(const AttnPa
 }
 
 // dQ variant 7 ("late waits"; 8, the default, adds QREG below): consumer warpgroup wg computes dQ of
-// head h0 + wg with the products and arithmetic of the one-head dQ pass (fwd_sm90.cu, dQ 4) in the same order
-// (bit-identical), scheduled so that P runs under products in flight. ptxas places a wgmma wait like
+// head h0 + wg with the products and arithmetic of the one-head dQ pass (fwd_sm90.cu, dQ 4) in the
+// same order (bit-identical), scheduled so that P runs under products in flight. ptxas places a wgmma wait like
 // an instruction with no inputs, at the top of its basic block: in dQ 4 (and the forward's variants
 // 5-8) the CUDA-core work written between a product's issue and its wait sits in SASS after the
 // WARPGROUP.DEPBAR, so it never overlaps that product (kernel/NOTES.md, "v6"). Here the wait comes
