@@ -68,15 +68,19 @@ def written(ins):
     return {f"R{r + k}" for k in range(n)}
 
 
+def rs_wgmmas(ins):
+    """(index, address, A registers) of each wgmma that reads its A operand from registers."""
+    for i, (a, s) in enumerate(ins):
+        m = RS_HGMMA.search(s)
+        if m:
+            yield i, a, {f"R{int(m.group(1)) + k}" for k in range(4)}
+
+
 def a_operand_hazards(ins):
     """(wgmma address, writer address, writer) for writes to an in-flight wgmma's A registers."""
     index = {a: i for i, (a, _) in enumerate(ins)}
     found = []
-    for i, (a, s) in enumerate(ins):
-        m = RS_HGMMA.search(s)
-        if not m:
-            continue
-        regs = {f"R{int(m.group(1)) + k}" for k in range(4)}
+    for i, a, regs in rs_wgmmas(ins):
         stack, seen = [i + 1], set()
         while stack:
             j = stack.pop()
@@ -114,11 +118,7 @@ def loop_invariant_a_clobbers(ins):
             if t is not None and t <= j:
                 loops.append((t, j))
     found = []
-    for i, (a, s) in enumerate(ins):
-        m = RS_HGMMA.search(s)
-        if not m:
-            continue
-        regs = {f"R{int(m.group(1)) + k}" for k in range(4)}
+    for i, a, regs in rs_wgmmas(ins):
         around = [(lo, hi) for lo, hi in loops if lo <= i <= hi]
         if not around:
             continue
