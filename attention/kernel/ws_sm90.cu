@@ -225,11 +225,11 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_ws_kernel(const AttnPa
 
 // dQ variant 7 ("late waits"; 8, the default, adds QREG below): consumer warpgroup wg computes dQ of
 // head h0 + wg with the products and arithmetic of the one-head dQ pass (fwd_sm90.cu, dQ 4) in the
-// same order (bit-identical), scheduled so that P runs under products in flight. ptxas places a wgmma wait like
-// an instruction with no inputs, at the top of its basic block: in dQ 4 (and the forward's variants
-// 5-8) the CUDA-core work written between a product's issue and its wait sits in SASS after the
-// WARPGROUP.DEPBAR, so it never overlaps that product (kernel/NOTES.md, "v6"). Here the wait comes
-// right after the next issue and P ends the iteration:
+// same order (bit-identical), scheduled so that P runs under products in flight. ptxas places a
+// wgmma wait like an instruction with no inputs, at the top of its basic block: in dQ 4 (and the
+// forward's variants 5-8) the CUDA-core work written between a product's issue and its wait sits in
+// SASS after the WARPGROUP.DEPBAR, so it never overlaps that product (kernel/NOTES.md, "v6"). Here
+// the wait comes right after the next issue and P ends the iteration:
 //   iteration t: S(t) issued; wait<0> retires S(t), dP(t-1) and dQ(t-2); dS(t-1) from P(t-1);
 //   dQ += dS(t-1) K(t-1) and dP(t) issued; P(t) = exp2(S(t) - lse) runs under both.
 // (A wait<1> leaving S(t) in flight there makes ptxas serialise every wgmma: it cannot tell that
@@ -247,10 +247,10 @@ constexpr int kLwDqStages = 5;
 // forward's form, loaded once), so that S reads only K from shared memory. A shared x shared m64n64
 // product reads 4 KB per 32-clock k-step, the SM's whole shared-memory bandwidth (128 B/clock); with
 // S and dP both in that form, dQ's B reads and the ring's TMA writes, the pass asked for more than
-// that. 3.1-3.8% faster as a raw stage at the long shape, bit-identical (kernel/NOTES.md "v7"). Not at d = 64: there
-// ptxas gave Q's registers to other values inside the loop although the PTX keeps them live (wrong
-// dQ; tests/attention/test_sass_hazards.py now checks every kernel's SASS for that), so d = 64 runs
-// variant 7.
+// that. 3.1-3.8% faster as a raw stage at the long shape, bit-identical (kernel/NOTES.md "v7").
+// Not at d = 64: there ptxas gave Q's registers to other values inside the loop although the PTX
+// keeps them live (wrong dQ; tests/attention/test_sass_hazards.py now checks every kernel's SASS
+// for that), so d = 64 runs variant 7.
 template <int D, bool QREG = false>
 __global__ void __launch_bounds__(kWsThreads, 1) attn_bwd_dq_ws_lw_kernel(const AttnParams p, const __grid_constant__ WsMaps maps) {
 #ifdef DFLASH_WGMMA

@@ -212,6 +212,20 @@ def cuobjdump():
     return next((c for c in cands if c and os.access(c, os.X_OK)), None)
 
 
+def problems_of(f, ins):
+    """What the three checks find in kernel `f` (its parsed instructions), one line each."""
+    found = []
+    for a, b, s in a_operand_hazards(ins)[:3]:
+        found.append(f"{f}: wgmma at {a:#x} reads its A operand from registers that {s!r} at {b:#x} "
+                     "overwrites before the wait that retires it")
+    for a, b, s in loop_invariant_a_clobbers(ins)[:3]:
+        found.append(f"{f}: wgmma at {a:#x} reads A fragments loaded before its loop, which {s!r} at "
+                     f"{b:#x} overwrites inside the loop")
+    if serialised(ins):
+        found.append(f"{f}: wgmmas serialised (a WARPGROUP.DEPBAR after nearly every HGMMA)")
+    return found
+
+
 def test_attention_kernels_have_no_a_operand_hazard_and_no_serialisation():
     build = Path(os.environ.get("DFLASH_BUILD_DIR", "build"))
     lib = build / "attention" / "libdflash_attention.a"
@@ -228,22 +242,14 @@ def test_attention_kernels_have_no_a_operand_hazard_and_no_serialisation():
     for name in ("attn_fwd_ws_kernel", "attn_bwd_dq_ws_lw_kernel", "attn_bwd_dq_wgmma_kernel",
                  "attn_bwd_dkv_wgmma_kernel", "attn_fwd_wgmma_kernel"):
         assert any(name in f for f in funcs), f"{name} not found in {lib}"
-    problems = []
-    for f, ins in funcs.items():
-        for a, b, s in a_operand_hazards(ins)[:3]:
-            problems.append(f"{f}: wgmma at {a:#x} reads its A operand from registers that {s!r} at {b:#x} "
-                            "overwrites before the wait that retires it")
-        for a, b, s in loop_invariant_a_clobbers(ins)[:3]:
-            problems.append(f"{f}: wgmma at {a:#x} reads A fragments loaded before its loop, which {s!r} at "
-                            f"{b:#x} overwrites inside the loop")
-        if serialised(ins):
-            problems.append(f"{f}: wgmmas serialised (a WARPGROUP.DEPBAR after nearly every HGMMA)")
+    problems = [line for f, ins in funcs.items() for line in problems_of(f, ins)]
     assert not problems, "\n".join(problems)
 
 
 if __name__ == "__main__":
     # Instruction counts per wgmma kernel of a library or object (the uniform-datapath and wgmma
-    # figures in kernel/NOTES.md "v6"):  python3 tests/attention/test_sass_hazards.py LIB_OR_OBJECT
+    # figures in kernel/NOTES.md "v6"), then what the checks find in it (the builds NOTES "v7" cites):
+    #   python3 tests/attention/test_sass_hazards.py LIB_OR_OBJECT
     import sys
 
     out = subprocess.run([cuobjdump(), "-sass", "-arch", "sm_90a", sys.argv[1]], capture_output=True, text=True)
@@ -254,3 +260,5 @@ if __name__ == "__main__":
             u = sum(o.startswith("U") for o in ops)
             d = sum(o.startswith("WARPGROUP.DEPBAR") for o in ops)
             print(f"{len(ops):6d} instructions {u:5d} uniform {h:3d} HGMMA {d:3d} DEPBAR  {f}")
+            for line in problems_of(f, ins):
+                print("  PROBLEM " + line)
