@@ -19,11 +19,17 @@ for round in 1 2; do
     grep -A4 "^shape " "$OUT/forward_s${s}_r${round}.txt"
   done
 done
-for s in 1 2; do
-  echo "--- GPU correctness vs transformers, streams $s"
-  DFLASH_TARGET_STREAMS=$s DFLASH_BUILD_DIR="$BUILD" timeout 150 python3 -m pytest -q -x tests/model/test_target_gpu.py \
-    > "$OUT/test_target_gpu_s$s.txt" 2>&1 || rc=1
-  tail -3 "$OUT/test_target_gpu_s$s.txt"
+echo "--- capture forward, streams 1, TORCH_BLAS_PREFER_CUBLASLT=1 (cuBLASLt for at::mm)"
+TORCH_BLAS_PREFER_CUBLASLT=1 timeout 90 "$BUILD/bench/target_bench" forward --shapes 8x2048 --iters 7 \
+  > "$OUT/forward_lt.txt" 2>&1 || rc=1
+grep -A4 "^shape " "$OUT/forward_lt.txt"
+for round in 1 2; do
+  for s in 1 2; do
+    echo "--- GPU correctness vs transformers, streams $s (round $round)"
+    DFLASH_TARGET_STREAMS=$s DFLASH_BUILD_DIR="$BUILD" timeout 150 python3 -m pytest -q -rA tests/model/test_target_gpu.py \
+      > "$OUT/test_target_gpu_s${s}_r$round.txt" 2>&1 || { rc=1; grep -E "^E |Error|assert" "$OUT/test_target_gpu_s${s}_r$round.txt" | head -20; }
+    grep -E "^(PASSED|FAILED)|passed|failed" "$OUT/test_target_gpu_s${s}_r$round.txt" | tail -5
+  done
 done
 echo "--- drafter step profile, 4 x 3072, 512 anchors"
 timeout 120 "$BUILD/bench/drafter_bench" --seq 3072 --rows 4 --anchors 512 --attention kernel --optimizer --profile \
