@@ -187,6 +187,13 @@ void breakdown(const TargetModel& m, int64_t B, int64_t S, int iters, double pea
   }
   std::printf("%-44s %9.3f   (matmul ceiling %.0f TFLOP/s)\n", "sum (rms_norm twice)", total * 1e3,
               peak / 1e12);
+  // Not in the layer: the same attention on q/k/v copied into contiguous [T, heads, hd] tensors
+  // (the model passes strided views of the qkv GEMM's output): what the layout costs.
+  at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
+  at::Tensor meta_c;
+  const double flops_attn = 4.0 * nq * hd * double(S + 1) / 2 * T;
+  const double s_c = time_median(dev, iters, [&] { ops::varlen_causal_attention(qc, kc, vc, cu, cu_dev, S, scale, &meta_c); });
+  std::printf("%-44s %9.3f %9.1f\n", "(attention on contiguous q/k/v copies)", s_c * 1e3, flops_attn / s_c / 1e12);
 }
 
 int forward(const Args& a) {

@@ -3,11 +3,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <atomic>
 #include <functional>
 #include <set>
-#include <string>
 #include <thread>
 
 #include <ATen/ATen.h>
@@ -21,27 +19,12 @@
 #include "trainer/model/target_pass.h"
 #include "trainer/model/target_qwen35.h"
 
-#ifdef DFLASH_CUDA
-#include <ATen/cuda/CUDAContext.h>
-#include <ATen/cuda/CUDAEvent.h>
-#include <c10/cuda/CUDAGuard.h>
-#endif
-
 namespace dflash::model {
 
 
 // ---- weight names and loading ---------------------------------------------------------------
 
 namespace {
-
-// DFLASH_TARGET_STREAMS=2: the packed capture forward on two CUDA streams (capture_two_streams).
-int capture_streams() {
-  static const int n = [] {
-    const char* v = std::getenv("DFLASH_TARGET_STREAMS");
-    return v && std::string(v) == "2" ? 2 : 1;
-  }();
-  return n;
-}
 
 std::string layer_prefix(int64_t i) { return fmt::format("model.layers.{}.", i); }
 
@@ -288,28 +271,27 @@ const at::Tensor& TargetModel::lm_head() const { return hybrid_ ? hybrid_->lm_he
 // One pass over a set of tokens (target_pass.h).
 struct TargetModel::Pass : TargetPass {};
 
-void TargetModel::run_layer(Pass& pass, int64_t l, at::Tensor& x) const {
+at::Tensor TargetModel::run_layers(Pass& pass) const {
   const HfConfig& c = cfg_;
   const int64_t T = pass.ids.size(0);
   const int64_t I = c.intermediate_size, hd = c.head_dim;
   const int64_t nq = c.num_attention_heads, nkv = c.num_key_value_heads;
   const double eps = c.rms_norm_eps;
-  const Layer& w = layers_[l];
-  at::Tensor h = ops::rms_norm(x, w.input_norm, eps);
-  at::Tensor qkv = at::mm(h, w.wqkv.t());  // [T, (nq + 2 nkv) hd]
-  auto [q, k, v] = ops::qkv_heads(qkv, nq, nkv, hd, w.q_norm, w.k_norm, eps, pass.cos, pass.sin);
 
-  at::Tensor attn = pass.attention(l, q, k, v);
-  x.addmm_(attn.reshape({T, nq * hd}), w.wo.t());
-  h = ops::rms_norm(x, w.post_norm, eps);
-  at::Tensor gu = at::mm(h, w.w_gate_up.t());  // [T, 2I]
-  x.addmm_(ops::silu_mul(gu, I), w.w_down.t());
-  pass.after_layer(l, x);
-}
-
-at::Tensor TargetModel::run_layers(Pass& pass) const {
   at::Tensor x = at::embedding(embed_, pass.ids);  // [T, H], the residual stream
-  for (int64_t l = 0; l < pass.run_layers; ++l) run_layer(pass, l, x);
+  for (int64_t l = 0; l < pass.run_layers; ++l) {
+    const Layer& w = layers_[l];
+    at::Tensor h = ops::rms_norm(x, w.input_norm, eps);
+    at::Tensor qkv = at::mm(h, w.wqkv.t());  // [T, (nq + 2 nkv) hd]
+    auto [q, k, v] = ops::qkv_heads(qkv, nq, nkv, hd, w.q_norm, w.k_norm, eps, pass.cos, pass.sin);
+
+    at::Tensor attn = pass.attention(l, q, k, v);
+    x.addmm_(attn.reshape({T, nq * hd}), w.wo.t());
+    h = ops::rms_norm(x, w.post_norm, eps);
+    at::Tensor gu = at::mm(h, w.w_gate_up.t());  // [T, 2I]
+    x.addmm_(ops::silu_mul(gu, I), w.w_down.t());
+    pass.after_layer(l, x);
+  }
   return x;
 }
 
@@ -348,71 +330,12 @@ at::Tensor TargetModel::capture(const at::Tensor& ids_in, const at::Tensor& cu_s
   if (layer_ids.empty()) throw_user("target capture: no layer ids");
   check_target_ids(ids_in, cfg_.vocab_size);
   check_capture_layer_ids(layer_ids, num_layers_loaded());
-  if (capture_streams() == 2 && device_.is_cuda()) {
-    at::Tensor out = capture_two_streams(ids_in, cu_seqlens, layer_ids);
-    if (out.defined()) return out;
-  }
   Pass pass;
   pass.pack(ids_in, cu_seqlens, inv_freq_, device_);
   pass.capture_into(layer_ids, cfg_.hidden_size, at::TensorOptions().dtype(dtype_).device(device_));
   pass.run_layers = layer_ids.back() + 1;
   run_layers(pass);
   return pass.captured;
-}
-
-// The documents in two halves of about equal tokens (split at a document boundary), each half's
-// layers on its own CUDA stream, issued layer by layer in turn: one half's memory-bound work
-// (norms, RoPE, SiLU, the attention's tails) runs beside the other half's GEMMs. Rows are
-// independent, so the captured states are those of one pass up to the GEMMs' choice of algorithm
-// for the smaller row count.
-at::Tensor TargetModel::capture_two_streams(const at::Tensor& ids_in, const at::Tensor& cu_seqlens,
-                                            const std::vector<int64_t>& layer_ids) const {
-#ifdef DFLASH_CUDA
-  const int64_t T = ids_in.size(0);
-  const std::vector<int64_t> cu = check_cu_seqlens(cu_seqlens, T);
-  const size_t n = cu.size() - 1;
-  if (n < 2) return {};
-  size_t cut = 1;
-  for (size_t i = 2; i < n; ++i)
-    if (std::llabs(2 * cu[i] - T) < std::llabs(2 * cu[cut] - T)) cut = i;
-  const int64_t Ta = cu[cut];
-  std::vector<int64_t> cua(cu.begin(), cu.begin() + cut + 1), cub;
-  for (size_t i = cut; i <= n; ++i) cub.push_back(cu[i] - Ta);
-
-  const int64_t H = cfg_.hidden_size;
-  at::Tensor out = at::empty({T, int64_t(layer_ids.size()) * H}, at::TensorOptions().dtype(dtype_).device(device_));
-  const at::cuda::CUDAStream main = at::cuda::getCurrentCUDAStream(device_.index());
-  at::cuda::CUDAStream streams[2] = {at::cuda::getStreamFromPool(false, device_.index()),
-                                     at::cuda::getStreamFromPool(false, device_.index())};
-  at::cuda::CUDAEvent start;
-  start.record(main);
-  Pass pass[2];
-  at::Tensor x[2];
-  for (int i = 0; i < 2; ++i) {
-    c10::cuda::CUDAStreamGuard guard(streams[i]);
-    start.block(streams[i]);
-    const int64_t r0 = i ? Ta : 0, rows = i ? T - Ta : Ta;
-    pass[i].pack(ids_in.narrow(0, r0, rows), at::tensor(i ? cub : cua, at::kLong), inv_freq_, device_);
-    pass[i].capture_ids = layer_ids;
-    pass[i].captured = out.narrow(0, r0, rows);
-    pass[i].run_layers = layer_ids.back() + 1;
-    x[i] = at::embedding(embed_, pass[i].ids);
-  }
-  for (int64_t l = 0; l < pass[0].run_layers; ++l)
-    for (int i = 0; i < 2; ++i) {
-      c10::cuda::CUDAStreamGuard guard(streams[i]);
-      run_layer(pass[i], l, x[i]);
-    }
-  for (int i = 0; i < 2; ++i) {
-    at::cuda::CUDAEvent done;
-    done.record(streams[i]);
-    done.block(main);
-  }
-  return out;
-#else
-  (void)ids_in, (void)cu_seqlens, (void)layer_ids;
-  return {};
-#endif
 }
 
 TargetModel::Output TargetModel::forward_with(const at::Tensor& ids_in, const at::Tensor& positions,

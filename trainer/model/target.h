@@ -123,10 +123,6 @@ class TargetModel {
  private:
   struct Pass;
   at::Tensor run_layers(Pass& pass) const;
-  void run_layer(Pass& pass, int64_t l, at::Tensor& x) const;
-  // capture() on two CUDA streams, the documents split in two halves (undefined: not possible).
-  at::Tensor capture_two_streams(const at::Tensor& ids, const at::Tensor& cu_seqlens,
-                                 const std::vector<int64_t>& layer_ids) const;
   at::Tensor final_logits(const at::Tensor& hidden) const;
 
   HfConfig cfg_;
