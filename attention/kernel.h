@@ -75,6 +75,10 @@ struct AttnParams {
   int64_t dv_sb = 0, dv_sh = 0, dv_sr = 0;
   int B = 0, Hq = 0, Hkv = 0, q_len = 0, kv_len = 0, d = 0;
   float scale = 0.f;
+  // forward: how far (log2 units) a row's running maximum may lag its true maximum before O is
+  // rescaled (kernel/tile_math.cuh softmax_step); 0 = rescale whenever a maximum grows.
+  // DFLASH_ATTN_RESCALE_SLACK = 0 or 8 (the default).
+  float rescale_slack = 8.f;
   KernelMeta meta;
 };
 

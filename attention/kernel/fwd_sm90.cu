@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_fwd_wgmma_kernel(const Att
     mask_tile(s, n0, ctx, rowA, rowB, t4);
     float cA, cB;
     uint32_t pn[4][4];
-    const bool keep_o = softmax_step(s, mA, mB, lA, lB, sl2, pn, cA, cB);
+    const bool keep_o = softmax_step(s, mA, mB, lA, lB, sl2, p.rescale_slack, pn, cA, cB);
     wg_wait<0>();  // P(t-1) V(t-1) done
     reg_fence(o);
     reg_fence_a(pa);

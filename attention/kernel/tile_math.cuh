@@ -53,10 +53,18 @@ __device__ __forceinline__ void mask_tile(float (&s)[8][4], int n0, bool ctx, co
 // The forward's online softmax (base 2) over one 64-key tile of S (masked): the running maxima m
 // and sums l of rows A and B updated, P = exp2(S * sl2 - m * sl2) as bf16 A fragments in pn, and the
 // factors c by which O must be rescaled (exactly 1 where the maximum did not change: an FFMA of
-// m*sl2 - u would leave a rounding residual there). Returns whether no row of the warp has a new
-// maximum (O can be left as is; the common case once a few tiles are in).
+// m*sl2 - u would leave a rounding residual there). Returns whether O can be left as is.
+//
+// slack (log2 units, AttnParams::rescale_slack): while no row of the warp sees a tile maximum more
+// than `slack` above its running m, every row keeps its m, stale, and O is not rescaled; P then
+// lies in (0, 2^slack], which bf16 P, the fp32 sums l and O hold without loss (their relative
+// rounding does not depend on the scale), and m, l and O stay consistent, so O / l and the LSE
+// (m * sl2 + log2 l) are the softmax's up to rounding. Once one row exceeds it, the warp takes the
+// exact step: every row's m becomes its maximum. slack = 0 is the exact-maximum softmax (O rescaled
+// whenever a maximum grows). With maxima that keep growing along the keys (causal attention under
+// RoPE: the nearest keys score highest) the stale maxima save most tiles' rescale.
 __device__ __forceinline__ bool softmax_step(float (&s)[8][4], float& mA, float& mB, float& lA, float& lB, float sl2,
-                                             uint32_t (&pn)[4][4], float& cA, float& cB) {
+                                             float slack, uint32_t (&pn)[4][4], float& cA, float& cB) {
   float mxA = mA, mxB = mB;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
@@ -67,11 +75,17 @@ __device__ __forceinline__ bool softmax_step(float (&s)[8][4], float& mA, float&
   mxA = fmaxf(mxA, __shfl_xor_sync(0xffffffffu, mxA, 2));
   mxB = fmaxf(mxB, __shfl_xor_sync(0xffffffffu, mxB, 1));
   mxB = fmaxf(mxB, __shfl_xor_sync(0xffffffffu, mxB, 2));
+  // a row within the slack: its maximum did not grow, or grew by at most slack from a finite m
+  // (mx >= m always; a first finite maximum after -inf is never within it)
+  const bool inA = mxA == mA || (mA != -INFINITY && (mxA - mA) * sl2 <= slack);
+  const bool inB = mxB == mB || (mB != -INFINITY && (mxB - mB) * sl2 <= slack);
+  const bool keep = __all_sync(0xffffffffu, inA && inB);
+  mxA = keep ? mA : mxA;  // selects, not a branch (a branch here can cost the wgmma overlap, NOTES.md)
+  mxB = keep ? mB : mxB;
   const float uA = mxA == -INFINITY ? 0.f : mxA * sl2;
   const float uB = mxB == -INFINITY ? 0.f : mxB * sl2;
   cA = mxA == mA ? 1.f : ex2(mA * sl2 - uA);
   cB = mxB == mB ? 1.f : ex2(mB * sl2 - uB);
-  const bool keep = __all_sync(0xffffffffu, mxA == mA && mxB == mB);
   mA = mxA;
   mB = mxB;
   lA *= cA;

@@ -196,7 +196,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_ws_kernel(const AttnPa
     mask_tile(s, n0, ctx, c.rowA, c.rowB, t4);
     float cA, cB;
     uint32_t pn[4][4];
-    const bool keep_o = softmax_step(s, mA, mB, lA, lB, sl2, pn, cA, cB);
+    const bool keep_o = softmax_step(s, mA, mB, lA, lB, sl2, p.rescale_slack, pn, cA, cB);
     wg_wait<0>();  // P(t-1) V(t-1) done: tile t-1's buffer is released
     reg_fence(o);
     reg_fence_a(pa);
