@@ -77,7 +77,7 @@ struct AttnParams {
   float scale = 0.f;
   // forward: how far (log2 units) a row's running maximum may lag its true maximum before O is
   // rescaled (kernel/tile_math.cuh softmax_step); 0 = rescale whenever a maximum grows.
-  // DFLASH_ATTN_RESCALE_SLACK = 0 or 8 (the default).
+  // launch_attn_fwd sets it from DFLASH_ATTN_RESCALE_SLACK = 0 or 8 (the default).
   float rescale_slack = 8.f;
   KernelMeta meta;
 };

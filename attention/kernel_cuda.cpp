@@ -95,8 +95,6 @@ AttnParams make_params(const Shapes& s, const at::Tensor& q, const at::Tensor& k
   p.kv_len = s.kv_len;
   p.d = s.d;
   p.scale = 1.0f / std::sqrt((float)s.d);
-  static const int kSlacks[] = {0, 8};  // read per call, as the variant knobs (tests switch it)
-  p.rescale_slack = float(kernel_variant_from_env("DFLASH_ATTN_RESCALE_SLACK", kSlacks, 2, 8));
   p.meta = meta_view(meta.data_ptr<int32_t>(), s.B, s.q_len, s.kv_len);
   return p;
 }

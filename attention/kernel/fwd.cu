@@ -40,6 +40,13 @@ int fwd_variant() {
   return kernel_variant_from_env("DFLASH_ATTN_FWD_VARIANT", kAllowed, 7, 7);
 }
 
+// The Hopper forwards' rescale slack in log2 units (DFLASH_ATTN_RESCALE_SLACK = 8, the default, or
+// 0: O rescaled whenever a running maximum grows; kernel/tile_math.cuh softmax_step). Variants 1-3
+// (the sm_80 path) always take the exact maximum. Read at each launch.
+int rescale_slack() {
+  static constexpr int kAllowed[] = {0, 8};
+  return kernel_variant_from_env("DFLASH_ATTN_RESCALE_SLACK", kAllowed, 2, 8);
+}
 
 template <int D, int MT, int BN>
 constexpr int fwd_smem_bytes() {
@@ -281,8 +288,10 @@ void run_fwd_variant(const AttnParams& p, cudaStream_t s) {
 
 bool forward_is_wgmma() { return fwd_variant() >= 4 && wgmma_supported(); }  // 4 and up: the default
 
-void launch_attn_fwd(const AttnParams& p, void* stream) {
+void launch_attn_fwd(const AttnParams& params, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
+  AttnParams p = params;
+  p.rescale_slack = float(rescale_slack());
   if (p.d == 128) run_fwd_variant<128>(p, s);
   else if (p.d == 64) run_fwd_variant<64>(p, s);
   else throw std::runtime_error("dflash attention kernel: head dim must be 64 or 128");
