@@ -20,12 +20,52 @@ namespace {
 
 constexpr int kMaxPairsPerLane = 4;  // hd <= 2 * 32 * 4 = 256
 
-// One warp per (token, head). Lane l owns rotation pairs p = l, l + 32, ... (< hd / 2).
-template <typename T>
+// V adjacent elements (1 or 2) in one access: 4 bytes of bf16/f16 and 8 of f32 for V = 2.
+template <typename T, int V>
+struct VecOf {
+  using type = T;
+};
+template <>
+struct VecOf<__nv_bfloat16, 2> {
+  using type = __nv_bfloat162;
+};
+template <>
+struct VecOf<__half, 2> {
+  using type = __half2;
+};
+template <>
+struct VecOf<float, 2> {
+  using type = float2;
+};
+
+template <int V, typename T>
+__device__ __forceinline__ void load_v(const T* p, float (&f)[V]) {
+  const typename VecOf<T, V>::type v = *reinterpret_cast<const typename VecOf<T, V>::type*>(p);
+  const T* e = reinterpret_cast<const T*>(&v);
+#pragma unroll
+  for (int i = 0; i < V; ++i) f[i] = to_f(e[i]);
+}
+
+template <int V, typename T>
+__device__ __forceinline__ void store_v(T* p, const float (&f)[V]) {
+  typename VecOf<T, V>::type v;
+  T* e = reinterpret_cast<T*>(&v);
+#pragma unroll
+  for (int i = 0; i < V; ++i) e[i] = from_f<T>(f[i]);
+  *reinterpret_cast<typename VecOf<T, V>::type*>(p) = v;
+}
+
+// One warp per (token, head). Lane l owns rotation pairs p = V l + i, V (l + 32) + i, ... (< hd / 2,
+// i < V): V = 2 moves two adjacent pairs per access of x, the norm weights and cos/sin (the kernel
+// is memory-bound; one element per access ran at ~1.6 TB/s on an H200) and needs hd % 4 == 0, an
+// even row stride and rows aligned to 2 elements (launch_qk checks). Both V compute the same per
+// element but for the order in which the sum of squares is added up.
+template <typename T, int V>
 __global__ void qk_norm_rope_kernel(T* __restrict__ qkv, int64_t T_tokens, int64_t ld, int nq,
                                     int nkv, int hd, const T* __restrict__ q_norm,
                                     const T* __restrict__ k_norm, float eps,
                                     const float* __restrict__ cos, const float* __restrict__ sin) {
+  constexpr int kIters = kMaxPairsPerLane / V;  // hd <= 2 * 32 * V * kIters = 256
   const int warps_per_block = blockDim.x / 32;
   const int64_t warp = int64_t(blockIdx.x) * warps_per_block + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -37,105 +77,16 @@ __global__ void qk_norm_rope_kernel(T* __restrict__ qkv, int64_t T_tokens, int64
   T* x = qkv + t * ld + int64_t(h) * hd;
   const T* w = h < nq ? q_norm : k_norm;
 
-  float a[kMaxPairsPerLane], b[kMaxPairsPerLane];
-  float ss = 0.f;
-#pragma unroll
-  for (int k = 0; k < kMaxPairsPerLane; ++k) {
-    int p = lane + 32 * k;
-    if (p < half) {
-      a[k] = to_f(x[p]);
-      b[k] = to_f(x[p + half]);
-      ss += a[k] * a[k] + b[k] * b[k];
-    }
-  }
-  float scale = 1.f;
-  if (w) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    scale = rsqrtf(ss / float(hd) + eps);
-  }
-  const float* c = cos + t * half;
-  const float* s = sin + t * half;
-#pragma unroll
-  for (int k = 0; k < kMaxPairsPerLane; ++k) {
-    int p = lane + 32 * k;
-    if (p < half) {
-      float y1 = a[k], y2 = b[k];
-      if (w) {
-        y1 = y1 * scale * to_f(w[p]);
-        y2 = y2 * scale * to_f(w[p + half]);
-      }
-      float cc = c[p], sn = s[p];
-      x[p] = from_f<T>(y1 * cc - y2 * sn);
-      x[p + half] = from_f<T>(y2 * cc + y1 * sn);
-    }
-  }
-}
-
-// Two adjacent elements in one access (4 bytes of bf16/f16, 8 of f32).
-template <typename T>
-struct Pair2;
-template <>
-struct Pair2<__nv_bfloat16> {
-  using V = __nv_bfloat162;
-};
-template <>
-struct Pair2<__half> {
-  using V = __half2;
-};
-template <>
-struct Pair2<float> {
-  using V = float2;
-};
-
-template <typename T>
-__device__ __forceinline__ float2 load2(const T* p) {
-  const typename Pair2<T>::V v = *reinterpret_cast<const typename Pair2<T>::V*>(p);
-  const T* e = reinterpret_cast<const T*>(&v);
-  return make_float2(to_f(e[0]), to_f(e[1]));
-}
-
-template <typename T>
-__device__ __forceinline__ void store2(T* p, float a, float b) {
-  typename Pair2<T>::V v;
-  T* e = reinterpret_cast<T*>(&v);
-  e[0] = from_f<T>(a);
-  e[1] = from_f<T>(b);
-  *reinterpret_cast<typename Pair2<T>::V*>(p) = v;
-}
-
-// qk_norm_rope_kernel with two adjacent rotation pairs per lane and iteration (p, p + 1 with p
-// even): every access of x, the norm weights and cos/sin moves 2 elements (the kernel is
-// memory-bound; one element per access ran at ~1.6 TB/s on an H200). Needs hd % 4 == 0, an even
-// row stride and 4-byte-aligned (f32: 8-byte) rows; the same arithmetic per element as the kernel
-// above but for the order in which the sum of squares is added up.
-template <typename T>
-__global__ void qk_norm_rope2_kernel(T* __restrict__ qkv, int64_t T_tokens, int64_t ld, int nq,
-                                     int nkv, int hd, const T* __restrict__ q_norm,
-                                     const T* __restrict__ k_norm, float eps,
-                                     const float* __restrict__ cos, const float* __restrict__ sin) {
-  constexpr int kIters = kMaxPairsPerLane / 2;  // hd <= 2 * 32 * 2 * kIters
-  const int warps_per_block = blockDim.x / 32;
-  const int64_t warp = int64_t(blockIdx.x) * warps_per_block + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  const int heads = nq + nkv;
-  if (warp >= T_tokens * heads) return;
-  const int64_t t = warp / heads;
-  const int h = int(warp % heads);
-  const int half = hd / 2;
-  T* x = qkv + t * ld + int64_t(h) * hd;
-  const T* w = h < nq ? q_norm : k_norm;
-
-  float2 a[kIters], b[kIters];
+  float a[kIters][V], b[kIters][V];
   float ss = 0.f;
 #pragma unroll
   for (int k = 0; k < kIters; ++k) {
-    const int p = 2 * (lane + 32 * k);
+    const int p = V * (lane + 32 * k);
     if (p < half) {
-      a[k] = load2(x + p);
-      b[k] = load2(x + p + half);
-      ss += a[k].x * a[k].x + b[k].x * b[k].x;
-      ss += a[k].y * a[k].y + b[k].y * b[k].y;
+      load_v(x + p, a[k]);
+      load_v(x + p + half, b[k]);
+#pragma unroll
+      for (int i = 0; i < V; ++i) ss += a[k][i] * a[k][i] + b[k][i] * b[k][i];
     }
   }
   float scale = 1.f;
@@ -148,17 +99,30 @@ __global__ void qk_norm_rope2_kernel(T* __restrict__ qkv, int64_t T_tokens, int6
   const float* s = sin + t * half;
 #pragma unroll
   for (int k = 0; k < kIters; ++k) {
-    const int p = 2 * (lane + 32 * k);
+    const int p = V * (lane + 32 * k);
     if (p < half) {
-      float2 y1 = a[k], y2 = b[k];
+      float y1[V], y2[V], cc[V], sn[V], o1[V], o2[V];
+#pragma unroll
+      for (int i = 0; i < V; ++i) y1[i] = a[k][i], y2[i] = b[k][i];
       if (w) {
-        const float2 w1 = load2(w + p), w2 = load2(w + p + half);
-        y1 = make_float2(y1.x * scale * w1.x, y1.y * scale * w1.y);
-        y2 = make_float2(y2.x * scale * w2.x, y2.y * scale * w2.y);
+        float w1[V], w2[V];
+        load_v(w + p, w1);
+        load_v(w + p + half, w2);
+#pragma unroll
+        for (int i = 0; i < V; ++i) {
+          y1[i] = y1[i] * scale * w1[i];
+          y2[i] = y2[i] * scale * w2[i];
+        }
       }
-      const float2 cc = *reinterpret_cast<const float2*>(c + p), sn = *reinterpret_cast<const float2*>(s + p);
-      store2(x + p, y1.x * cc.x - y2.x * sn.x, y1.y * cc.y - y2.y * sn.y);
-      store2(x + p + half, y2.x * cc.x + y1.x * sn.x, y2.y * cc.y + y1.y * sn.y);
+      load_v(c + p, cc);
+      load_v(s + p, sn);
+#pragma unroll
+      for (int i = 0; i < V; ++i) {
+        o1[i] = y1[i] * cc[i] - y2[i] * sn[i];
+        o2[i] = y2[i] * cc[i] + y1[i] * sn[i];
+      }
+      store_v(x + p, o1);
+      store_v(x + p + half, o2);
     }
   }
 }
@@ -458,14 +422,13 @@ void launch_qk(void* qkv, int64_t T_tokens, int64_t ld, int nq, int nkv, int hd,
   const bool paired = hd % 4 == 0 && ld % 2 == 0 && aligned(qkv) && (!qn || aligned(qn)) &&
                       (!kn || aligned(kn)) && reinterpret_cast<uintptr_t>(cos) % 8 == 0 &&
                       reinterpret_cast<uintptr_t>(sin) % 8 == 0 && !unpaired;
-  if (paired)
-    qk_norm_rope2_kernel<T><<<unsigned(blocks), threads, 0, st>>>(
-        static_cast<T*>(qkv), T_tokens, ld, nq, nkv, hd, static_cast<const T*>(qn),
-        static_cast<const T*>(kn), eps, cos, sin);
-  else
-    qk_norm_rope_kernel<T><<<unsigned(blocks), threads, 0, st>>>(
-        static_cast<T*>(qkv), T_tokens, ld, nq, nkv, hd, static_cast<const T*>(qn),
-        static_cast<const T*>(kn), eps, cos, sin);
+  auto launch = [&](auto kernel) {
+    kernel<<<unsigned(blocks), threads, 0, st>>>(static_cast<T*>(qkv), T_tokens, ld, nq, nkv, hd,
+                                                 static_cast<const T*>(qn), static_cast<const T*>(kn), eps,
+                                                 cos, sin);
+  };
+  if (paired) launch(qk_norm_rope_kernel<T, 2>);
+  else launch(qk_norm_rope_kernel<T, 1>);
   DFLASH_CHECK_LAUNCH("target q/k norm + RoPE");
 }
 
