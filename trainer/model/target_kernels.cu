@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <string>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -415,7 +416,10 @@ void launch_qk(void* qkv, int64_t T_tokens, int64_t ld, int nq, int nkv, int hd,
   if (blocks == 0) return;
   // DFLASH_QK_ROPE_UNPAIRED=1: always the one-element kernel (an A/B switch for the benchmark and
   // the GPU tests)
-  static const bool unpaired = std::getenv("DFLASH_QK_ROPE_UNPAIRED") != nullptr;
+  static const bool unpaired = [] {
+    const char* e = std::getenv("DFLASH_QK_ROPE_UNPAIRED");
+    return e && *e && std::string(e) != "0";  // unset, empty or 0: paired where it fits
+  }();
   // the paired kernel: hd % 4 == 0 (half even: cos/sin rows stay 8-byte aligned), an even row
   // stride and aligned base pointers (the q/k norm weights too)
   auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % (2 * sizeof(T)) == 0; };
