@@ -11,7 +11,7 @@ set -uo pipefail
 BUILD=${1:?BUILD_DIR}
 OUT=${2:?OUT_DIR}
 mkdir -p "$OUT"; OUT=$(realpath "$OUT")
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 [ -n "$NCU" ] || { echo "no ncu"; exit 1; }
 rc=0

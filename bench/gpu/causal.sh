@@ -10,7 +10,7 @@ set -uo pipefail
 BUILD=${1:?BUILD_DIR}
 OUT=${2:?OUT_DIR}
 mkdir -p "$OUT"
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 rc=0
 echo "## test_attention"
 timeout 120 "$BUILD/tests/attention/test_attention" > "$OUT/test_attention.txt" 2>&1 || { rc=1; echo "FAILED: test_attention"; }

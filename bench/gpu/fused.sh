@@ -14,7 +14,7 @@ set -uo pipefail
 BUILD=${1:?BUILD_DIR}
 OUT=${2:?OUT_DIR}
 mkdir -p "$OUT"
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 rc=0
 for t in drafter/test_drafter_kernels_gpu drafter/test_ce_gpu optim/test_optim_gpu attention/test_attention drafter/test_drafter_gpu; do
   n=$(basename "$t")

@@ -9,7 +9,7 @@ set -uo pipefail
 BUILD=${1:?BUILD_DIR}
 OUT=${2:?OUT_DIR}
 mkdir -p "$OUT"
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 rc=0
 echo "## GEMMs: at::mm vs the cuBLASLt heuristic's algorithms (target at 8 x 2048 tokens, drafter at 4 x 3072)"
 timeout 240 "$BUILD/bench/gemm_bench" --set all --tokens 16384 --iters 10 --algos 16 > "$OUT/gemm.txt" 2>&1 || rc=1

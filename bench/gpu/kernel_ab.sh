@@ -17,7 +17,7 @@ set -uo pipefail
 BUILD=${1:?BUILD_DIR}
 OUT=${2:?OUT_DIR}
 mkdir -p "$OUT"
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 CONFIGS=${DFLASH_KAB_CONFIGS:-one=DFLASH_ATTN_FWD_VARIANT=5,DFLASH_ATTN_DQ_VARIANT=4 two=DFLASH_ATTN_FWD_VARIANT=7,DFLASH_ATTN_DQ_VARIANT=8}
 T0=$(date +%s)
 in_budget() { [ $(( $(date +%s) - T0 )) -lt "${DFLASH_KAB_BUDGET_S:-420}" ] || { echo "(budget spent: $1 skipped)"; return 1; }; }

@@ -11,7 +11,7 @@
 # The device machine gets no .git: pass DFLASH_COMMIT=$(git rev-parse --short HEAD) to record it.
 # On the H200 machines LibTorch is the system python3's torch. NVLink multicast stays off.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 FINAL_OUT=${OUT:-$PWD/gpu-out}
 OUT=/tmp/dflash-gpu-logs
 BUILD=${DFLASH_GPU_BUILD:-/tmp/dflash-gpu-build}
@@ -43,7 +43,7 @@ fi
 targets=()
 for a in $areas; do
   t=$(sed -n 's/^# targets: //p' "bench/gpu/$a.sh")
-  [ -n "$t" ] && targets+=($t)
+  [ -n "$t" ] && read -ra more <<< "$t" && targets+=("${more[@]}")
 done
 echo "building: ${targets[*]:-all}"
 # -k 0: a target that fails to build does not stop the others; its area then fails alone.

@@ -15,6 +15,8 @@
 #   3b. a short colocated run with two steps profiled (device busy share, time by kind of work);
 #   3c. a 3-step colocated run at the long shape 1 x 40000: its first step <= 3 s after the load;
 #   4. with 2 GPUs: the same for 1 target + 1 drafter rank against min(target, drafter).
+# Beside 1.-3., nvidia-smi samples the GPUs' SM clock and power (bench/gpu_watch.py: one line each,
+# e.g. "power-capped in 100% of the busy samples": the H200 runs the drafter step at its power limit).
 # Writes OUT_DIR/speed_summary.txt (every PASS/FAIL/INFO line and the tables) and the logs.
 #   bash bench/gpu/speed.sh BUILD_DIR OUT_DIR          (bash bench/gpu/run_all.sh speed)
 # targets: dflash_rank drafter_bench target_bench
@@ -27,10 +29,14 @@ rc=0
 
 # 1. the drafter's full step at both shapes
 echo "## drafter full step (fwd / bwd / AdamW), kernel and sdpa" | tee -a "$SUMMARY"
+gpu_watch_start "drafter step 4x3072"
 timeout 150 "$BUILD/bench/drafter_bench" --seq 3072 --rows 4 --anchors 512 --attention kernel,sdpa --optimizer \
   --iters 5 --warmup 2 --profile > "$OUT/drafter_step_4x3072.txt" 2>&1 || rc=1
+gpu_watch_stop "drafter step 4x3072"
+gpu_watch_start "drafter step 1x40000"
 timeout 200 "$BUILD/bench/drafter_bench" --seq 40000 --rows 1 --anchors 2048 --attention kernel,sdpa --optimizer \
   --iters 3 --warmup 1 > "$OUT/drafter_step_1x40000.txt" 2>&1 || rc=1
+gpu_watch_stop "drafter step 1x40000"
 # the same recipe-shape step with the single-tensor AdamW (the fused one is the GPU default): its opt ms beside
 DFLASH_OPTIM_FUSED=0 timeout 100 "$BUILD/bench/drafter_bench" --seq 3072 --rows 4 --anchors 512 --attention kernel --optimizer \
   --iters 5 --warmup 2 > "$OUT/drafter_step_4x3072_single_adamw.txt" 2>&1 || rc=1
@@ -42,8 +48,10 @@ echo "single-tensor AdamW (DFLASH_OPTIM_FUSED=0):" | tee -a "$SUMMARY"
 grep -h "^| [0-9]" "$OUT/drafter_step_4x3072_single_adamw.txt" | tee -a "$SUMMARY"
 
 # 2. the target part alone at the pipeline's shape
+gpu_watch_start "target forward 4x3072"
 timeout 120 "$BUILD/bench/target_bench" forward --shapes 4x3072 --iters 5 --json "$OUT/target_4x3072.json" \
   > "$OUT/target_4x3072.txt" 2>&1 || rc=1
+gpu_watch_stop "target forward 4x3072"
 echo "## target capture forward 4x3072" | tee -a "$SUMMARY"; grep -A2 "^shape" "$OUT/target_4x3072.txt" | tee -a "$SUMMARY"
 
 # the random target and the data of pipeline.sh
@@ -69,8 +77,10 @@ for l in sys.stdin: print(f"{time.time():.3f} {l}", end="", flush=True)' > "$OUT
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 }
 # 3. colocated on GPU 0
+gpu_watch_start "colocated run"
 CUDA_VISIBLE_DEVICES=0 run colocated "$BUILD/trainer/dflash_rank" --config configs/debug-2gpu.yaml \
   layout.colocated=true "${common[@]}"
+gpu_watch_stop "colocated run"
 # 3b. the same colocated run, short, with steps 8..9 profiled (docs/training.md "Profiling"): where
 # the GPU waits between the target and the drafter (not checked: the profiler slows its window)
 rm -rf "$WORK/run-colocated-prof"

@@ -6,7 +6,7 @@
 set -uo pipefail
 BUILD=$1
 OUT=$2
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 mkdir -p "$OUT"
 CKPT=${DFLASH_TARGET_CKPT_DIR:-/tmp/dflash-qwen3-8b-random}
 BUDGET=${DFLASH_TARGET_BUDGET_S:-145}   # whole script, seconds

@@ -13,6 +13,9 @@
 #   bench_long_data                        WORK/data-long/long-00000.dfshard: 8 random documents of
 #       40000 tokens (prompt 4000, mask 0), the long shape 1 x 40000 of issue 15; sets LONG_RUN, the
 #       dflash_rank arguments of a 3-step colocated run on it (the random target, 2048 anchors)
+#   gpu_watch_start NAME / gpu_watch_stop NAME   nvidia-smi samples every GPU's SM clock, power and
+#       clock-event reasons every 50 ms into OUT/gpu_NAME.csv between the two; stop prints (and adds
+#       to SUMMARY) one line per GPU from bench/gpu_watch.py: the clock and whether it was power-capped
 #   bench_steady_s METRICS_JSONL           the mean interval_s of a run's steps 2.. (the steps after
 #       the first), printed as seconds; nothing if there are none
 
@@ -75,6 +78,7 @@ rng = np.random.default_rng(1)
 docs = [(rng.integers(0, 151643, 40000), np.r_[np.zeros(4000, np.int64), np.ones(36000, np.int64)]) for _ in range(8)]
 dflash_shard.write_shard(os.path.join(out, "long-00000.dfshard"), docs, 151936)
 PYEOF
+  # shellcheck disable=SC2034  # used by the sourcing script
   LONG_RUN=(--config configs/debug-2gpu.yaml layout.colocated=true target.model_dir="$WORK/qwen3-8b"
             "data.shards=[$WORK/data-long]" train.max_steps=3 log.interval=1 checkpoint.state_every=0
             checkpoint.export_every=0 comm.timeout_s=600 data.batch_tokens=40000 data.max_seq_len=40000
@@ -89,4 +93,20 @@ s = [r["interval_s"] for r in rows if r.get("step", 0) >= 2 and r.get("interval_
 if s:
     print(f"{sum(s) / len(s):.3f}")
 PYEOF
+}
+
+gpu_watch_start() {
+  GPU_WATCH_PID=
+  command -v nvidia-smi > /dev/null || return 0
+  nvidia-smi --query-gpu=index,clocks.sm,clocks.max.sm,power.draw,power.limit,clocks_throttle_reasons.active \
+    --format=csv,noheader,nounits -lms 50 > "$OUT/gpu_$1.csv" 2> /dev/null &
+  GPU_WATCH_PID=$!
+}
+
+gpu_watch_stop() {
+  [ -n "${GPU_WATCH_PID:-}" ] || return 0
+  kill "$GPU_WATCH_PID" 2> /dev/null
+  wait "$GPU_WATCH_PID" 2> /dev/null
+  GPU_WATCH_PID=
+  "$PY" bench/gpu_watch.py "$OUT/gpu_$1.csv" --label "$1" | tee -a "$SUMMARY"
 }
