@@ -6,11 +6,10 @@
 #   default setting: DFLASH_QK_ROPE_UNPAIRED=1 (the q/k norm + RoPE kernel one element per access)
 # targets: target_bench
 set -uo pipefail
-BUILD=${1:?BUILD_DIR}
-OUT=${2:?OUT_DIR}
+# shellcheck source-path=SCRIPTDIR source=lib/common.sh
+source "$(dirname "$0")/lib/common.sh"
+bench_setup target_ab /tmp/dflash-target-ab "$@"   # BUILD, OUT, PY; the checkout as working directory
 AB=${DFLASH_AB_ENV:-DFLASH_QK_ROPE_UNPAIRED=1}
-mkdir -p "$OUT"
-cd "$(dirname "$0")/../.." || exit 1
 rc=0
 for round in 1 2; do
   for side in A B; do
