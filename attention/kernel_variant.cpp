@@ -1,5 +1,6 @@
-// kernel_variant_from_env (attention/kernel.h): the tile-variant knobs of the attention kernel,
-// checked. Host code only, built with and without CUDA (its test runs on the CPU).
+// kernel_variant_from_env (attention/kernel.h): the integer knobs of the attention kernel (tile
+// variants, the forward's rescale slack), checked. Host code only, built with and without CUDA (its
+// test runs on the CPU).
 #include <cstdlib>
 #include <string>
 
@@ -17,8 +18,8 @@ int kernel_variant_from_env(const char* name, const int* allowed, int n, int fal
     if (v == allowed[i]) return allowed[i];
   std::string list;
   for (int i = 0; i < n; ++i) list += (i ? ", " : "") + std::to_string(allowed[i]);
-  throw_user("{}={}: not a variant of this attention kernel stage (one of {}, or unset for the default {}; "
-             "attention/kernel/NOTES.md)",
+  throw_user("{}={}: not a setting of the attention kernel (one of {}, or unset for the default {}; "
+             "docs/environment.md, attention/kernel/NOTES.md)",
              name, e, list, fallback);
 }
 
