@@ -53,6 +53,9 @@ inline int64_t kernel_meta_numel(int64_t B, int64_t q_len, int64_t kv_len) {
 
 // Strides are in elements; the last dimension (head dim) is contiguous; row strides are
 // multiples of 8 and base pointers 16-byte aligned (checked by kernel_cuda.cpp).
+// The forward's default rescale slack (AttnParams::rescale_slack, DFLASH_ATTN_RESCALE_SLACK).
+constexpr int kRescaleSlackDefault = 8;
+
 struct AttnParams {
   const void* q = nullptr;   // bf16 [B, Hq, q_len, d]
   const void* k = nullptr;   // bf16 [B, Hkv, kv_len, d]
@@ -77,8 +80,8 @@ struct AttnParams {
   float scale = 0.f;
   // forward: how far (log2 units) a row's running maximum may lag its true maximum before O is
   // rescaled (kernel/tile_math.cuh softmax_step); 0 = rescale whenever a maximum grows.
-  // launch_attn_fwd sets it from DFLASH_ATTN_RESCALE_SLACK = 0 or 8 (the default).
-  float rescale_slack = 8.f;
+  // launch_attn_fwd sets it from DFLASH_ATTN_RESCALE_SLACK = 0 or kRescaleSlackDefault.
+  float rescale_slack = float(kRescaleSlackDefault);
   KernelMeta meta;
 };
 

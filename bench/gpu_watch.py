@@ -20,7 +20,7 @@ import statistics
 import sys
 
 SW_POWER_CAP = 0x4          # clocks_throttle_reasons bits (nvidia-smi -q: "Clocks Event Reasons")
-HW_SLOWDOWN = 0x8
+HW_SLOWDOWN = 0x8           # hardware slowdown (temperature or the power brake), counted as thermal
 SW_THERMAL = 0x20
 HW_THERMAL = 0x40
 HW_POWER_BRAKE = 0x80

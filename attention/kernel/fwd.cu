@@ -44,8 +44,8 @@ int fwd_variant() {
 // 0: O rescaled whenever a running maximum grows; kernel/tile_math.cuh softmax_step). Variants 1-3
 // (the sm_80 path) always take the exact maximum. Read at each launch.
 int rescale_slack() {
-  static constexpr int kAllowed[] = {0, 8};
-  return kernel_variant_from_env("DFLASH_ATTN_RESCALE_SLACK", kAllowed, 2, 8);
+  static constexpr int kAllowed[] = {0, kRescaleSlackDefault};
+  return kernel_variant_from_env("DFLASH_ATTN_RESCALE_SLACK", kAllowed, 2, kRescaleSlackDefault);
 }
 
 template <int D, int MT, int BN>
