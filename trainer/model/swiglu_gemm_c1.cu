@@ -1,0 +1,14 @@
+// The fused gate/up GEMM + SwiGLU (swiglu_gemm.h), tile configuration 1: ping-pong, 64 x 256 x 64 tile, cluster 2 x 1.
+#include "trainer/model/swiglu_gemm_impl.cuh"
+
+namespace dflash::model::kernels::swiglu_detail {
+
+template <>
+void run_config<1>(const void* x, int64_t ldx, const void* w, void* act, int64_t T, int64_t H, int64_t I,
+                   int max_swizzle, int raster, cudaStream_t stream) {
+  using G = SwigluGemm<Shape<_64, _256, _64>, Shape<_2, _1, _1>, cutlass::gemm::KernelTmaWarpSpecializedPingpong>;
+  static_assert(G::kBlock == kSwigluConfigBlocks[1]);
+  G::run(x, ldx, w, act, T, H, I, max_swizzle, raster, stream);
+}
+
+}  // namespace dflash::model::kernels::swiglu_detail

@@ -1,0 +1,14 @@
+// The fused gate/up GEMM + SwiGLU (swiglu_gemm.h), tile configuration 2: cooperative, 256 x 128 x 64 tile, cluster 1 x 2.
+#include "trainer/model/swiglu_gemm_impl.cuh"
+
+namespace dflash::model::kernels::swiglu_detail {
+
+template <>
+void run_config<2>(const void* x, int64_t ldx, const void* w, void* act, int64_t T, int64_t H, int64_t I,
+                   int max_swizzle, int raster, cudaStream_t stream) {
+  using G = SwigluGemm<Shape<_256, _128, _64>, Shape<_1, _2, _1>, cutlass::gemm::KernelTmaWarpSpecializedCooperative>;
+  static_assert(G::kBlock == kSwigluConfigBlocks[2]);
+  G::run(x, ldx, w, act, T, H, I, max_swizzle, raster, stream);
+}
+
+}  // namespace dflash::model::kernels::swiglu_detail
