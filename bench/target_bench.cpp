@@ -8,9 +8,6 @@
 //   target_bench attention [--shapes ...]
 //       Packed causal attention alone: FlashAttention-2 varlen, the DFlash kernel's causal mode
 //       (the default backend on Hopper) and cuDNN's varlen attention.
-//   target_bench swiglu [--shapes ...]
-//       The MLP's gate/up GEMM + SwiGLU: cuBLAS + silu_mul against the fused kernel
-//       (trainer/model/swiglu_gemm.h) in each tile configuration and scheduler setting.
 //   target_bench write-checkpoint DIR [--shards 5] [--config ...]
 //       Writes a random model as a Hugging Face checkpoint (config.json, shards, index).
 //   target_bench load DIR [--cache cold,warm] [--json FILE]
@@ -50,11 +47,6 @@
 #include "trainer/model/target_ops.h"
 #if DFLASH_ATTENTION_KERNEL
 #include "attention/kernel.h"
-#endif
-#ifdef DFLASH_CUDA
-#include <ATen/cuda/CUDAContext.h>
-
-#include "trainer/model/swiglu_gemm.h"
 #endif
 
 namespace fs = std::filesystem;
@@ -161,18 +153,13 @@ void breakdown(const TargetModel& m, int64_t B, int64_t S, int iters, double pea
   at::Tensor meta;  // the kernel backend's tile metadata, built once per pass as in the model
   at::Tensor attn = ops::varlen_causal_attention(q, k, v, cu, cu_dev, S, scale, &meta);
   const std::string attn_name = std::string("attention: ") + ops::causal_backend_name(ops::causal_backend(q));
-  // The layer's MLP runs the fused GEMM + SwiGLU where its weight is blocked (target_ops.h); the
-  // unfused pair (cuBLAS, then silu_mul) is timed beside it on an unblocked copy, not summed.
-  const bool fused = w.gate_up_block != 0;
-  at::Tensor w_gu = ops::unblock_gate_up(w.w_gate_up, I, w.gate_up_block);
-  at::Tensor gu = at::mm(h, w_gu.t());
+  at::Tensor gu = at::mm(h, w.w_gate_up.t());
   at::Tensor act = ops::silu_mul(gu, I);
   at::Tensor cap = at::empty({T, 5 * H}, opt);
   struct Item {
     const char* name;
     double flops;
     std::function<void()> fn;
-    bool in_layer = true;
   };
   std::vector<Item> items = {
       {"rms_norm (x2 per layer)", 0, [&] { ops::rms_norm(x, w.input_norm, c.rms_norm_eps); }},
@@ -184,10 +171,8 @@ void breakdown(const TargetModel& m, int64_t B, int64_t S, int iters, double pea
        [&] { ops::varlen_causal_attention(q, k, v, cu, cu_dev, S, scale, &meta); }},
       {"o_proj addmm_", 2.0 * T * H * nq * hd,
        [&] { x.addmm_(attn.reshape({T, nq * hd}), w.wo.t()); }},
-      {"gate_up GEMM + SwiGLU (fused)", 2.0 * T * H * 2 * I,
-       [&] { ops::gate_up_silu(h, w.w_gate_up, I, w.gate_up_block); }, fused},
-      {"gate_up GEMM (cuBLAS)", 2.0 * T * H * 2 * I, [&] { at::mm(h, w_gu.t()); }, !fused},
-      {"silu_mul", 0, [&] { ops::silu_mul(gu, I); }, !fused},
+      {"gate_up GEMM", 2.0 * T * H * 2 * I, [&] { at::mm(h, w.w_gate_up.t()); }},
+      {"silu_mul", 0, [&] { ops::silu_mul(gu, I); }},
       {"down addmm_", 2.0 * T * H * I, [&] { x.addmm_(act, w.w_down.t()); }},
       {"capture copy (1 of 5)", 0, [&] { cap.narrow(1, H, H).copy_(x); }},
   };
@@ -195,12 +180,10 @@ void breakdown(const TargetModel& m, int64_t B, int64_t S, int iters, double pea
   std::printf("%-44s %9s %9s\n", "op", "ms", "TFLOP/s");
   double total = 0;
   for (auto& it : items) {
-    if (!fused && std::string(it.name).find("(fused)") != std::string::npos) continue;
     double s = time_median(dev, iters, it.fn);
     double n = std::string(it.name).rfind("rms_norm", 0) == 0 ? 2 : 1;
-    if (it.in_layer) total += n * s;
-    std::printf("%-44s %9.3f %9.1f%s\n", it.name, s * 1e3, it.flops ? it.flops / s / 1e12 : 0.0,
-                it.in_layer ? "" : "   (not in the layer)");
+    total += n * s;
+    std::printf("%-44s %9.3f %9.1f\n", it.name, s * 1e3, it.flops ? it.flops / s / 1e12 : 0.0);
   }
   std::printf("%-44s %9.3f   (matmul ceiling %.0f TFLOP/s)\n", "sum (rms_norm twice)", total * 1e3,
               peak / 1e12);
@@ -334,72 +317,6 @@ int attention(const Args& a) {
   return 0;
 }
 
-// The MLP's gate/up GEMM + SwiGLU of one Qwen3-8B layer at B x S tokens: cuBLAS then the
-// silu_mul kernel (the unfused path) against the fused kernel (swiglu_gemm.h) in each tile
-// configuration and scheduler setting; time, TFLOP/s of the GEMM, and the largest difference of
-// the fused output from the unfused one in bf16 ulps of the unfused value.
-int swiglu(const Args& a) {
-  c10::InferenceMode guard;
-  at::Device dev = bench_device();
-#ifdef DFLASH_CUDA
-  namespace ops = dflash::model::ops;
-  namespace k = dflash::model::kernels;
-  if (!dev.is_cuda() || !k::swiglu_gemm_available()) {
-    std::printf("target_bench swiglu: needs the fused kernel (a CUTLASS build with sm_90a) and an sm_90 GPU\n");
-    return 0;
-  }
-  HfConfig c = dflash::model::parse_hf_config(qwen3_config_json(a.config), a.config);
-  const int64_t H = c.hidden_size, I = c.intermediate_size;
-  auto opt = at::TensorOptions().dtype(at::kBFloat16).device(dev);
-  at::Tensor w = at::randn({2 * I, H}, opt).mul_(0.02);
-  std::printf("target_bench swiglu: H %ld, I %ld, bf16; GEMM FLOPs 2 T H 2I\n", long(H), long(I));
-  std::printf("%-10s %-34s %9s %9s %9s\n", "shape", "path", "ms", "TFLOP/s", "max ulps");
-  for (auto [B, S] : a.shapes) {
-    const int64_t T = B * S;
-    at::Tensor x = at::randn({T, H}, opt);
-    const double flops = 2.0 * T * H * 2 * I;
-    const std::string shape = fmt::format("{}x{}", B, S);
-    at::Tensor ref = ops::silu_mul(at::mm(x, w.t()), I);
-    const double s_ref = time_median(dev, a.iters, [&] { ops::silu_mul(at::mm(x, w.t()), I); });
-    const double s_mm = time_median(dev, a.iters, [&] { at::mm(x, w.t()); });
-    std::printf("%-10s %-34s %9.3f %9.1f\n", shape.c_str(), "cuBLAS + silu_mul", s_ref * 1e3, flops / s_ref / 1e12);
-    std::printf("%-10s %-34s %9.3f %9.1f\n", shape.c_str(), "(cuBLAS GEMM alone)", s_mm * 1e3, flops / s_mm / 1e12);
-    at::Tensor ref_f = ref.to(at::kFloat);
-    // one bf16 ulp of each reference value: 2^(exponent - 7)
-    at::Tensor ulp = at::pow(2.0, at::floor(at::log2(ref_f.abs().clamp_min(1e-30))) - 7);
-    for (int cfg = 0; cfg < k::kSwigluConfigs; ++cfg) {
-      at::Tensor wb = ops::block_gate_up(w, I, k::swiglu_block(cfg));
-      for (int swz : {1, 4, 8})
-        for (int raster : {0, 1}) {
-          at::Tensor out = at::empty({T, I}, opt);
-          auto run = [&] {
-            k::swiglu_gemm(x.data_ptr(), H, wb.data_ptr(), out.data_ptr(), T, H, I, cfg, swz, raster,
-                           at::cuda::getCurrentCUDAStream());
-          };
-          run();
-          sync(dev);
-          auto th = std::chrono::steady_clock::now();
-          for (int r = 0; r < 5; ++r) run();
-          const double host_us = seconds_since(th) / 5 * 1e6;
-          sync(dev);
-          const double ulps = ((out.to(at::kFloat) - ref_f).abs() / ulp).max().item<double>();
-          // the unfused pair timed right before: the GPU's clock drifts with its power and heat
-          const double s_ref = time_median(dev, a.iters, [&] { ops::silu_mul(at::mm(x, w.t()), I); });
-          const double s_f = time_median(dev, a.iters, run);
-          std::string name = fmt::format("fused config {} swizzle {} raster {}", cfg, swz,
-                                         raster == 0 ? "auto" : raster == 1 ? "M" : "N");
-          std::printf("%-10s %-34s %9.3f %9.1f %9.1f  (%.3fx the unfused pair's %.3f ms just before; host %.0f us/launch)\n",
-                      shape.c_str(), name.c_str(), s_f * 1e3, flops / s_f / 1e12, ulps, s_ref / s_f, s_ref * 1e3, host_us);
-        }
-    }
-  }
-#else
-  (void)a;
-  std::printf("target_bench swiglu: needs CUDA (device %s)\n", dev.str().c_str());
-#endif
-  return 0;
-}
-
 // ---- checkpoint writing and loading -------------------------------------------------------------
 
 int write_checkpoint(const Args& a) {
@@ -426,9 +343,8 @@ int write_checkpoint(const Args& a) {
     all.emplace_back(p + "self_attn.q_norm.weight", w.q_norm);
     all.emplace_back(p + "self_attn.k_norm.weight", w.k_norm);
     all.emplace_back(p + "post_attention_layernorm.weight", w.post_norm);
-    at::Tensor gu = dflash::model::ops::unblock_gate_up(w.w_gate_up, I, w.gate_up_block);
-    all.emplace_back(p + "mlp.gate_proj.weight", gu.narrow(0, 0, I));
-    all.emplace_back(p + "mlp.up_proj.weight", gu.narrow(0, I, I));
+    all.emplace_back(p + "mlp.gate_proj.weight", w.w_gate_up.narrow(0, 0, I));
+    all.emplace_back(p + "mlp.up_proj.weight", w.w_gate_up.narrow(0, I, I));
     all.emplace_back(p + "mlp.down_proj.weight", w.w_down);
   }
   all.emplace_back("model.norm.weight", m.final_norm());
@@ -533,8 +449,7 @@ int main(int argc, char** argv) {
     if (a.cmd == "write-checkpoint") return write_checkpoint(a);
     if (a.cmd == "load") return load(a);
     if (a.cmd == "attention") return attention(a);
-    if (a.cmd == "swiglu") return swiglu(a);
-    throw_user("unknown command '{}' (forward, attention, swiglu, write-checkpoint, load)", a.cmd);
+    throw_user("unknown command '{}' (forward, write-checkpoint, load)", a.cmd);
   } catch (const dflash::UserError& e) {
     std::fprintf(stderr, "target_bench: error: %s\n", e.what());
     return dflash::kExitUser;

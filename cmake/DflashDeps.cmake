@@ -44,26 +44,6 @@ if(DFLASH_CUDA)
   endif()
 endif()
 
-# ---- CUTLASS headers (optional): the target MLP's fused SwiGLU GEMM (trainer/model/swiglu_gemm.cu)
-# Given as -DDFLASH_CUTLASS_INCLUDE=<dir with cutlass/ and cute/>; else .deps/cutlass/include, which
-# tools/setup.sh unpacks from PyPI's nvidia-cutlass wheel; else that wheel installed in our Python.
-# Without it the MLP runs cuBLAS + the silu_mul kernel, as before.
-if(DFLASH_CUDA AND NOT DFLASH_CUTLASS_INCLUDE)
-  if(EXISTS ${CMAKE_SOURCE_DIR}/.deps/cutlass/include/cutlass/cutlass.h)
-    set(DFLASH_CUTLASS_INCLUDE ${CMAKE_SOURCE_DIR}/.deps/cutlass/include)
-  else()
-    execute_process(COMMAND ${DFLASH_PYTHON_EXE} -c
-                    "import cutlass_library, os; print(os.path.join(os.path.dirname(cutlass_library.__file__), 'source', 'include'))"
-                    OUTPUT_VARIABLE _cutlass_inc OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE _rc ERROR_QUIET)
-    if(_rc EQUAL 0 AND EXISTS ${_cutlass_inc}/cutlass/cutlass.h)
-      set(DFLASH_CUTLASS_INCLUDE ${_cutlass_inc})
-    endif()
-  endif()
-endif()
-if(DFLASH_CUTLASS_INCLUDE AND NOT EXISTS ${DFLASH_CUTLASS_INCLUDE}/cutlass/cutlass.h)
-  message(FATAL_ERROR "DFLASH_CUTLASS_INCLUDE=${DFLASH_CUTLASS_INCLUDE} has no cutlass/cutlass.h")
-endif()
-
 # LibTorch's CMake warns about CMAKE_CUDA_ARCHITECTURES and uses TORCH_CUDA_ARCH_LIST instead.
 set(_dflash_archs ${CMAKE_CUDA_ARCHITECTURES})
 unset(CMAKE_CUDA_ARCHITECTURES)

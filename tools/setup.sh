@@ -10,8 +10,6 @@
 #   DFLASH_VENV        virtual environment (default: .venv); DFLASH_PYTHON: a python whose
 #                      torch to use instead (GPU machines: the system torch), skips the venv
 #   DFLASH_CMAKE_ARGS  extra arguments for cmake (e.g. -DDFLASH_WITH_CUDA=OFF)
-#   DFLASH_NO_CUTLASS=1  do not fetch CUTLASS's headers into .deps/cutlass (the fused SwiGLU
-#                      GEMM of the target is then not built; everything else is the same)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 say() { echo "[setup] $*" >&2; }
@@ -64,27 +62,6 @@ else
   else
     say "virtual environment $VENV: present (torch ${TORCH_VERSION}, ${#PIP_PACKAGES[@]} packages)"
   fi
-fi
-
-# ---- CUTLASS headers (the target MLP's fused SwiGLU GEMM; optional) ------------------------------
-# PyPI's nvidia-cutlass wheel carries CUTLASS/CuTe's C++ headers; we unpack only those into
-# .deps/cutlass/include (no install, none of the wheel's Python dependencies). Kept across runs.
-CUTLASS_VERSION=4.2.0.0
-if [ -z "${DFLASH_NO_CUTLASS:-}" ] && [ ! -f .deps/cutlass/include/cutlass/cutlass.h ]; then
-  say "fetching CUTLASS $CUTLASS_VERSION headers into .deps/cutlass (PyPI nvidia-cutlass)"
-  tmp=$(mktemp -d)
-  if "$PY" -m pip download -q --no-deps "nvidia-cutlass==$CUTLASS_VERSION" -d "$tmp" &&
-     "$PY" -m zipfile -e "$tmp"/nvidia_cutlass-*.whl "$tmp/x" &&
-     [ -f "$tmp/x/cutlass_library/source/include/cutlass/cutlass.h" ]; then
-    mkdir -p .deps
-    rm -rf .deps/cutlass.tmp && mkdir -p .deps/cutlass.tmp
-    mv "$tmp/x/cutlass_library/source/include" .deps/cutlass.tmp/include
-    rm -rf .deps/cutlass && mv .deps/cutlass.tmp .deps/cutlass
-    echo "$CUTLASS_VERSION" > .deps/cutlass/VERSION
-  else
-    say "warning: no CUTLASS headers (pip download failed); the target MLP will use cuBLAS + silu_mul"
-  fi
-  rm -rf "$tmp"
 fi
 
 # ---- configure and build ----------------------------------------------------------------------

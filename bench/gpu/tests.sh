@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
 # Every test that runs on a GPU, in one area (about 4 minutes): the test binaries and the Python
 # test that skip without CUDA in CI (tests/*: test_attention, the drafter's, the optimizer's,
-# the Gated DeltaNet kernels', the fused SwiGLU GEMM's, the device warm-up's, and test_target_gpu.py against transformers).
+# the Gated DeltaNet kernels', the device warm-up's, and test_target_gpu.py against transformers).
 # One line per test, its failures printed; the area fails if any test fails, or skips on a machine
 # with a GPU. Without a GPU everything skips and the area passes (a check of the script itself).
 #   bash bench/gpu/tests.sh BUILD_DIR OUT_DIR          (bash bench/gpu/run_all.sh tests)
-# targets: test_attention test_drafter_gpu test_ce_gpu test_drafter_kernels_gpu test_optim_gpu test_deltanet_gpu test_swiglu_gemm_gpu test_device target_tool target_bench
+# targets: test_attention test_drafter_gpu test_ce_gpu test_drafter_kernels_gpu test_optim_gpu test_deltanet_gpu test_device target_tool target_bench
 set -uo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib/common.sh
 source "$(dirname "$0")/lib/common.sh"
 bench_setup tests /tmp/dflash-tests "$@"   # BUILD, OUT, PY; the checkout as working directory
 rc=0
 for t in attention/test_attention drafter/test_drafter_gpu drafter/test_ce_gpu drafter/test_drafter_kernels_gpu \
-         optim/test_optim_gpu model/test_deltanet_gpu model/test_swiglu_gemm_gpu unit/test_device; do
+         optim/test_optim_gpu model/test_deltanet_gpu unit/test_device; do
   n=$(basename "$t")
   t0=$(date +%s)
   if timeout 240 "$BUILD/tests/$t" > "$OUT/$n.txt" 2>&1; then r=passed; else r=FAILED; rc=1; fi
@@ -40,7 +40,4 @@ pytest_run test_target_gpu.py test_target_gpu.txt 300 -- tests/model/test_target
 # the q/k norm + RoPE kernel's one-element path (the paired one is the default where it fits)
 pytest_run "test_target_gpu.py -k tiny_fp32, DFLASH_QK_ROPE_UNPAIRED=1" test_target_gpu_unpaired.txt 120 \
   DFLASH_QK_ROPE_UNPAIRED=1 -- -k tiny_fp32 tests/model/test_target_gpu.py
-# the MLP's unfused path (cuBLAS + silu_mul; the fused SwiGLU GEMM is the default on Hopper)
-pytest_run "test_target_gpu.py -k bf16, DFLASH_TARGET_SWIGLU_GEMM=off" test_target_gpu_unfused.txt 300 \
-  DFLASH_TARGET_SWIGLU_GEMM=off -- -k bf16 tests/model/test_target_gpu.py
 exit $rc

@@ -210,20 +210,8 @@ TargetModel TargetModel::load(const std::string& dir, at::ScalarType dtype, at::
                    [](const auto& a, const auto& b) { return a.second.numel() > b.second.numel(); });
   run_loads(file, jobs, device);
   for (const auto& [name, dst] : jobs) st::check_finite(dst, file.info(name).file, name);
-  jobs.clear();
-  m.block_mlp_weights();
   m.inv_freq_ = rope_inv_freq(c).to(device);
   return m;
-}
-
-void TargetModel::block_mlp_weights() {
-  const int64_t H = cfg_.hidden_size, I = cfg_.intermediate_size;
-  const int64_t block = ops::gate_up_block_for(dtype_, device_, H, I);
-  if (block == 0) return;
-  for (Layer& w : layers_) {  // one layer's copy at a time: 2 I H elements of extra memory at most
-    w.w_gate_up = ops::block_gate_up(w.w_gate_up, I, block);
-    w.gate_up_block = block;
-  }
 }
 
 TargetModel TargetModel::random(const HfConfig& cfg, at::ScalarType dtype, at::Device device,
@@ -264,7 +252,6 @@ TargetModel TargetModel::random(const HfConfig& cfg, at::ScalarType dtype, at::D
   }
   m.norm_ = norm(H);
   m.lm_head_ = cfg.tie_word_embeddings ? m.embed_ : lin({cfg.vocab_size, H});
-  m.block_mlp_weights();
   m.inv_freq_ = rope_inv_freq(cfg).to(device);
   return m;
 }
@@ -301,7 +288,8 @@ at::Tensor TargetModel::run_layers(Pass& pass) const {
     at::Tensor attn = pass.attention(l, q, k, v);
     x.addmm_(attn.reshape({T, nq * hd}), w.wo.t());
     h = ops::rms_norm(x, w.post_norm, eps);
-    x.addmm_(ops::gate_up_silu(h, w.w_gate_up, I, w.gate_up_block), w.w_down.t());
+    at::Tensor gu = at::mm(h, w.w_gate_up.t());  // [T, 2I]
+    x.addmm_(ops::silu_mul(gu, I), w.w_down.t());
     pass.after_layer(l, x);
   }
   return x;

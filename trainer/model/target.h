@@ -111,11 +111,8 @@ class TargetModel {
     at::Tensor q_norm, k_norm;         // [head_dim] (qwen3 only)
     at::Tensor wqkv;                   // [(nq + 2 nkv) * head_dim, H]
     at::Tensor wo;                     // [H, nq * head_dim]
-    at::Tensor w_gate_up;              // [2 I, H]: gate rows, then up rows, unless gate_up_block
+    at::Tensor w_gate_up;              // [2 I, H]
     at::Tensor w_down;                 // [H, I]
-    // 0, or the row blocks w_gate_up is stored in for the fused SwiGLU GEMM (target_ops.h
-    // gate_up_block_for): B gate rows, then their B up rows, block after block.
-    int64_t gate_up_block = 0;
   };
 
   const std::vector<Layer>& layers() const { return layers_; }
@@ -126,9 +123,6 @@ class TargetModel {
  private:
   struct Pass;
   at::Tensor run_layers(Pass& pass) const;
-  // Stores every layer's gate/up weight in the fused SwiGLU GEMM's row blocks where that kernel
-  // serves this dtype, device and shape (target_ops.h gate_up_block_for); otherwise leaves them.
-  void block_mlp_weights();
   at::Tensor final_logits(const at::Tensor& hidden) const;
 
   HfConfig cfg_;

@@ -2,7 +2,6 @@
 #include "trainer/model/target_ops.h"
 
 #include <atomic>
-#include <cstdlib>
 #include <string>
 
 #include <ATen/ATen.h>
@@ -13,7 +12,6 @@
 #ifdef DFLASH_CUDA
 #include <ATen/cuda/CUDAContext.h>
 
-#include "trainer/model/swiglu_gemm.h"
 #include "trainer/model/target_kernels_dtype.h"
 #endif
 #if DFLASH_ATTENTION_KERNEL
@@ -99,61 +97,6 @@ at::Tensor silu_mul(const at::Tensor& gu, int64_t I) {
   }
 #endif
   return at::silu(gu.narrow(1, 0, I)) * gu.narrow(1, I, I);
-}
-
-int64_t gate_up_block_for(at::ScalarType dtype, const at::Device& device, int64_t H, int64_t I) {
-  static const std::string choice = env_choice(kSwigluGemmEnv, "auto", {"auto", "on", "off"});
-  if (choice == "off") return 0;
-  bool ok = false;
-#ifdef DFLASH_CUDA
-  ok = device.is_cuda() && dtype == at::kBFloat16 && I % kernels::kSwigluBlock == 0 && H % 8 == 0 &&
-       kernels::swiglu_gemm_available();
-#endif
-  if (ok) {
-    const char* e = std::getenv("DFLASH_SWIGLU_CONFIG");
-    return kernels::swiglu_block(e && *e ? std::atoi(e) : kernels::kSwigluDefaultConfig);
-  }
-  if (choice == "on")
-    throw_user("{}=on: the fused SwiGLU GEMM needs a build with CUTLASS and sm_90a (tools/setup.sh fetches "
-               "CUTLASS), an sm_90 GPU, bf16, intermediate_size a multiple of 128 and hidden_size a multiple "
-               "of 8; got {} on {}, hidden_size {}, intermediate_size {}",
-               kSwigluGemmEnv, c10::toString(dtype), device.str(), H, I);
-  return 0;
-}
-
-at::Tensor block_gate_up(const at::Tensor& w, int64_t I, int64_t block) {
-  const int64_t H = w.size(1);
-  // [2, I/B, B, H] -> [I/B, 2, B, H]: block b's gate rows, then its up rows.
-  return w.reshape({2, I / block, block, H}).transpose(0, 1).contiguous().reshape({2 * I, H});
-}
-
-at::Tensor unblock_gate_up(const at::Tensor& w, int64_t I, int64_t block) {
-  if (block == 0) return w;
-  const int64_t H = w.size(1);
-  return w.reshape({I / block, 2, block, H}).transpose(0, 1).contiguous().reshape({2 * I, H});
-}
-
-at::Tensor gate_up_silu(const at::Tensor& h, const at::Tensor& w, int64_t I, int64_t block) {
-  if (block == 0) return silu_mul(at::mm(h, w.t()), I);
-#ifdef DFLASH_CUDA
-  if (h.is_cuda() && block == kernels::kSwigluBlock) {
-    at::Tensor x = h.stride(1) == 1 && h.stride(0) % 8 == 0 ? h : h.contiguous();
-    at::Tensor act = at::empty({x.size(0), I}, x.options());
-    static const int config = [] {
-      const char* e = std::getenv("DFLASH_SWIGLU_CONFIG");
-      return e && *e ? std::atoi(e) : kernels::kSwigluDefaultConfig;
-    }();
-    static const int swizzle = [] {
-      const char* e = std::getenv("DFLASH_SWIGLU_SWIZZLE");
-      return e && *e ? std::atoi(e) : 1;
-    }();
-    kernels::swiglu_gemm(x.data_ptr(), x.stride(0), w.data_ptr(), act.data_ptr(), x.size(0), x.size(1), I,
-                         config, swizzle, /*raster=*/0, at::cuda::getCurrentCUDAStream());
-    return act;
-  }
-#endif
-  DFLASH_CHECK(false, "gate_up_silu: a gate/up weight in row blocks of {} on {}", block, h.device().str());
-  return {};
 }
 
 namespace {

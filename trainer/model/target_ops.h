@@ -38,28 +38,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> qkv_heads(at::Tensor& qkv, int64_
 // silu(gu[:, :I]) * gu[:, I:] for gu [T, 2I]: [T, I].
 at::Tensor silu_mul(const at::Tensor& gu, int64_t I);
 
-// Environment knob: the target MLP's gate/up GEMM, read once per process:
-//   auto (default) the fused GEMM + SwiGLU kernel (swiglu_gemm.h) where it runs: built with
-//        CUTLASS for sm_90a, an sm_90 GPU, bf16, I % 128 == 0, H % 8 == 0; else `off`
-//   on   the same, and a user error where it cannot run
-//   off  cuBLAS writes [T, 2I], then the silu_mul kernel
-inline constexpr const char* kSwigluGemmEnv = "DFLASH_TARGET_SWIGLU_GEMM";
-
-// The row-block size to store a dense target's [2I, H] gate/up weight in (0: gate rows, then up
-// rows; swiglu_gemm.h's kSwigluBlock: its blocked layout, for the fused kernel), decided by the
-// knob above for this dtype, device and shape.
-int64_t gate_up_block_for(at::ScalarType dtype, const at::Device& device, int64_t H, int64_t I);
-
-// w [2I, H] (gate rows, then up rows) in the blocked layout of row-block `block` (a copy), and
-// back (block 0: w itself).
-at::Tensor block_gate_up(const at::Tensor& w, int64_t I, int64_t block);
-at::Tensor unblock_gate_up(const at::Tensor& w, int64_t I, int64_t block);
-
-// The MLP's activation act [T, I] = silu(h W_gate^T) * (h W_up^T) for h [T, H] and the gate/up
-// weight w [2I, H] stored with row-block `block` (gate_up_block_for): 0 = at::mm, then silu_mul;
-// otherwise the fused kernel (the product rounded to the dtype before SiLU, as the unfused path).
-at::Tensor gate_up_silu(const at::Tensor& h, const at::Tensor& w, int64_t I, int64_t block);
-
 // Environment knob: the CUDA attention backend of the packed forward, read once per process:
 //   auto   (default) the DFlash attention kernel's causal mode (attention/kernel.h) where its
 //          Hopper forward runs (sm_90a build on an sm_90 GPU), bf16, head_dim 64 or 128; else flash
