@@ -5,7 +5,9 @@
 #      device time by kind of work, the top kernels) and the long shape 1 x 40000 with 2048 anchors
 #      (bench/drafter_bench --optimizer; the SDPA path may run out of memory at the long shape:
 #      the row says so);
-#   2. the target capture forward at the pipeline's batch shape 4 x 3072 (target_bench forward);
+#   2. the target capture forward at the pipeline's batch shape 4 x 3072 and at the bar's 8 x 2048
+#      (target_bench forward); then one "BAR ... met / NOT MET" line per throughput bar of 1. and 2.
+#      (bench/speed_bars.py);
 #   3. the colocated pipeline (configs/debug-2gpu.yaml: kernel attention by default, a
 #      Qwen3-8B-shaped random target, 50 steps of 4 x 3072 tokens), its console timestamped by
 #      this script; bench/pipeline_check.py checks it: tok/s >= 95% of 1/(1/target + 1/drafter)
@@ -47,12 +49,15 @@ sed -n '/^profile of one step/,$p' "$OUT/drafter_step_4x3072.txt" | tee -a "$SUM
 echo "single-tensor AdamW (DFLASH_OPTIM_FUSED=0):" | tee -a "$SUMMARY"
 grep -h "^| [0-9]" "$OUT/drafter_step_4x3072_single_adamw.txt" | tee -a "$SUMMARY"
 
-# 2. the target part alone at the pipeline's shape
-gpu_watch_start "target forward 4x3072"
-timeout 120 "$BUILD/bench/target_bench" forward --shapes 4x3072 --iters 5 --json "$OUT/target_4x3072.json" \
+# 2. the target part alone at the pipeline's shape, and at the bar's 8 x 2048
+gpu_watch_start "target forward 4x3072, 8x2048"
+timeout 150 "$BUILD/bench/target_bench" forward --shapes 4x3072,8x2048 --iters 5 --json "$OUT/target_4x3072.json" \
   > "$OUT/target_4x3072.txt" 2>&1 || rc=1
-gpu_watch_stop "target forward 4x3072"
-echo "## target capture forward 4x3072" | tee -a "$SUMMARY"; grep -A2 "^shape" "$OUT/target_4x3072.txt" | tee -a "$SUMMARY"
+gpu_watch_stop "target forward 4x3072, 8x2048"
+echo "## target capture forward 4x3072, 8x2048" | tee -a "$SUMMARY"; grep -A3 "^shape" "$OUT/target_4x3072.txt" | tee -a "$SUMMARY"
+# the throughput bars of issue 15 from 1. and 2. (a report: not met does not fail the area)
+"$PY" bench/speed_bars.py --drafter "$OUT/drafter_step_4x3072.txt" "$OUT/drafter_step_1x40000.txt" \
+  --target "$OUT/target_4x3072.json" | tee -a "$SUMMARY"
 
 # the random target and the data of pipeline.sh
 bench_random_target_and_data
