@@ -174,7 +174,7 @@ void breakdown(const TargetModel& m, int64_t B, int64_t S, int iters, double pea
       {"gate_up GEMM", 2.0 * T * H * 2 * I, [&] { at::mm(h, w.w_gate_up.t()); }},
       {"silu_mul", 0, [&] { ops::silu_mul(gu, I); }},
       {"down addmm_", 2.0 * T * H * I, [&] { x.addmm_(act, w.w_down.t()); }},
-      {"capture copy (1 of 5)", 0, [&] { ops::copy_rows(cap.narrow(1, H, H), x); }},
+      {"capture copy (1 of 5)", 0, [&] { cap.narrow(1, H, H).copy_(x); }},
   };
   std::printf("\nbreakdown of one layer at %ldx%ld (median of %d):\n", long(B), long(S), iters);
   std::printf("%-44s %9s %9s\n", "op", "ms", "TFLOP/s");
@@ -187,14 +187,6 @@ void breakdown(const TargetModel& m, int64_t B, int64_t S, int iters, double pea
   }
   std::printf("%-44s %9.3f   (matmul ceiling %.0f TFLOP/s)\n", "sum (rms_norm twice)", total * 1e3,
               peak / 1e12);
-  // Not in the layer: ATen's fused RMSNorm (DFLASH_TARGET_NORM=aten) and the capture copy as a
-  // strided copy_, the paths ops::rms_norm and ops::copy_rows replace.
-  const double s_aten = time_median(dev, iters, [&] {
-    at::_fused_rms_norm(x, {H}, w.input_norm, c.rms_norm_eps);
-  });
-  std::printf("%-44s %9.3f\n", "(rms_norm, ATen's fused kernel)", s_aten * 1e3);
-  const double s_cp = time_median(dev, iters, [&] { cap.narrow(1, H, H).copy_(x); });
-  std::printf("%-44s %9.3f\n", "(capture copy as a strided copy_)", s_cp * 1e3);
   // Not in the layer: the same attention on q/k/v copied into contiguous [T, heads, hd] tensors
   // (the model passes strided views of the qkv GEMM's output): what the layout costs.
   at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();

@@ -436,65 +436,6 @@ void launch_qk(void* qkv, int64_t T_tokens, int64_t ld, int nq, int nkv, int hd,
   DFLASH_CHECK_LAUNCH("target q/k norm + RoPE");
 }
 
-// RMSNorm of rows of H elements, one warp per row, the row held in registers between the sum of
-// squares and the output (one read of x, one write of y): 8 elements (16 bytes) per access,
-// kRmsIters accesses per lane at most (H <= 8 * 32 * kRmsIters = 4096).
-constexpr int kRmsIters = 16;
-
-template <typename T>
-__global__ void rms_norm_kernel(const T* __restrict__ x, const T* __restrict__ w, T* __restrict__ y, int64_t rows,
-                                int H, float eps) {
-  const int lane = threadIdx.x & 31;
-  const int64_t row = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
-  if (row >= rows) return;
-  const int n8 = H / 8;
-  const uint4* xr = reinterpret_cast<const uint4*>(x + row * H);
-  uint4 v[kRmsIters];
-  float ss = 0.f;
-#pragma unroll
-  for (int i = 0; i < kRmsIters; ++i) {
-    const int c = lane + 32 * i;
-    if (c < n8) {
-      v[i] = xr[c];
-      const T* e = reinterpret_cast<const T*>(&v[i]);
-#pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        const float f = to_f(e[k]);
-        ss += f * f;
-      }
-    }
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-  const float r = rsqrtf(ss / float(H) + eps);
-  const uint4* wr = reinterpret_cast<const uint4*>(w);
-  uint4* yr = reinterpret_cast<uint4*>(y + row * H);
-#pragma unroll
-  for (int i = 0; i < kRmsIters; ++i) {
-    const int c = lane + 32 * i;
-    if (c < n8) {
-      const uint4 wv = wr[c];
-      const T* e = reinterpret_cast<const T*>(&v[i]);
-      const T* we = reinterpret_cast<const T*>(&wv);
-      uint4 o;
-      T* oe = reinterpret_cast<T*>(&o);
-#pragma unroll
-      for (int k = 0; k < 8; ++k) oe[k] = from_f<T>(to_f(we[k]) * to_f(from_f<T>(to_f(e[k]) * r)));
-      yr[c] = o;
-    }
-  }
-}
-
-template <typename T>
-void launch_rms(const void* x, const void* w, void* y, int64_t rows, int64_t H, float eps, cudaStream_t st) {
-  const int threads = 256, per_block = threads / 32;
-  const int64_t blocks = (rows + per_block - 1) / per_block;
-  if (blocks == 0) return;
-  rms_norm_kernel<T><<<unsigned(blocks), threads, 0, st>>>(static_cast<const T*>(x), static_cast<const T*>(w),
-                                                           static_cast<T*>(y), rows, int(H), eps);
-  DFLASH_CHECK_LAUNCH("target RMSNorm");
-}
-
 template <typename T>
 void launch_silu(const void* gu, void* out, int64_t T_tokens, int64_t I, cudaStream_t st) {
   const int threads = 256;
@@ -552,21 +493,6 @@ void qk_norm_rope(void* qkv, int64_t T, int64_t ld, int nq, int nkv, int hd, con
     case DType::BF16: launch_qk<__nv_bfloat16>(qkv, T, ld, nq, nkv, hd, q_norm, k_norm, eps, cos, sin, stream); break;
     case DType::F16: launch_qk<__half>(qkv, T, ld, nq, nkv, hd, q_norm, k_norm, eps, cos, sin, stream); break;
     case DType::F32: launch_qk<float>(qkv, T, ld, nq, nkv, hd, q_norm, k_norm, eps, cos, sin, stream); break;
-  }
-}
-
-bool rms_norm_fits(int64_t H, const void* x, const void* w, const void* y, DType dtype) {
-  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  return dtype != DType::F32 && H % 8 == 0 && H > 0 && H <= 8 * 32 * kRmsIters && aligned(x) && aligned(w) &&
-         aligned(y);
-}
-
-void rms_norm(const void* x, const void* w, void* y, int64_t rows, int64_t H, float eps, DType dtype,
-              cudaStream_t stream) {
-  switch (dtype) {
-    case DType::BF16: launch_rms<__nv_bfloat16>(x, w, y, rows, H, eps, stream); break;
-    case DType::F16: launch_rms<__half>(x, w, y, rows, H, eps, stream); break;
-    case DType::F32: break;  // not served (rms_norm_fits)
   }
 }
 

@@ -1,5 +1,5 @@
 // CUDA kernels of the target model's forward: per-head q/k RMSNorm + RoPE in place on the fused
-// qkv GEMM output, the layers' RMSNorm, SiLU gating, and the Gated DeltaNet's data movement around its rule and the rule itself in its recurrent form. Plain pointers and sizes only (no LibTorch here): the
+// qkv GEMM output, SiLU gating, and the Gated DeltaNet's data movement around its rule and the rule itself in its recurrent form. Plain pointers and sizes only (no LibTorch here): the
 // tensor checks live in target_ops.cpp, the one caller.
 //
 // Owns nothing. Launches are asynchronous on the given stream. Thread-safety: stateless.
@@ -22,14 +22,6 @@ using ::dflash::kernels::DType;
 void qk_norm_rope(void* qkv, int64_t T, int64_t ld, int nq, int nkv, int hd, const void* q_norm,
                   const void* k_norm, float eps, const float* cos, const float* sin, DType dtype,
                   cudaStream_t stream);
-
-// RMSNorm of x [rows, H] (contiguous) with weight w [H] into y [rows, H], transformers' roundings:
-// y = dtype(w * dtype(x * rsqrt(mean(x^2) + eps))), the statistics in float32. One warp per row,
-// the row kept in registers. Only where rms_norm_fits: bf16/f16, H a multiple of 8 and <= 4096,
-// 16-byte aligned pointers.
-bool rms_norm_fits(int64_t H, const void* x, const void* w, const void* y, DType dtype);
-void rms_norm(const void* x, const void* w, void* y, int64_t rows, int64_t H, float eps, DType dtype,
-              cudaStream_t stream);
 
 // out[t, i] = silu(gu[t, i]) * gu[t, I + i]; gu [T, 2I] contiguous, out [T, I] contiguous.
 void silu_mul(const void* gu, void* out, int64_t T, int64_t I, DType dtype, cudaStream_t stream);

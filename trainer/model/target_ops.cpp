@@ -24,42 +24,14 @@ namespace dflash::model::ops {
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   const int64_t n = x.size(-1);
   if (x.is_cuda()) {
-    at::Tensor xc = x.contiguous();
-#ifdef DFLASH_CUDA
-    // Our kernel (transformers' roundings, one warp per row in registers) where it fits, unless
-    // DFLASH_TARGET_NORM=aten; else ATen's fused kernel. Statistics in float32 either way.
-    static const bool ours = env_choice(kTargetNormEnv, "kernel", {"kernel", "aten"}) == "kernel";
-    if (ours && weight.is_contiguous() && weight.scalar_type() == xc.scalar_type() && weight.numel() == n) {
-      at::Tensor y = at::empty_like(xc);
-      const kernels::DType dt = kernels::dtype_of(xc);
-      if (kernels::rms_norm_fits(n, xc.data_ptr(), weight.data_ptr(), y.data_ptr(), dt)) {
-        kernels::rms_norm(xc.data_ptr(), weight.data_ptr(), y.data_ptr(), xc.numel() / n, n, float(eps), dt,
-                          at::cuda::getCurrentCUDAStream());
-        return y;
-      }
-    }
-#endif
-    return std::get<0>(at::_fused_rms_norm(xc, {n}, weight, eps));
+    // One fused kernel; statistics in float32.
+    return std::get<0>(at::_fused_rms_norm(x.contiguous(), {n}, weight, eps));
   }
   // As transformers: normalize in float32, cast back, then scale by the weight.
   at::Tensor xf = x.to(at::kFloat);
   at::Tensor var = xf.pow(2).mean(-1, /*keepdim=*/true);
   at::Tensor y = (xf * at::rsqrt(var + eps)).to(x.scalar_type());
   return weight * y;
-}
-
-void copy_rows(at::Tensor dst, const at::Tensor& src) {
-#ifdef DFLASH_CUDA
-  if (dst.is_cuda() && src.is_cuda() && dst.dim() == 2 && src.dim() == 2 && dst.sizes() == src.sizes() &&
-      dst.scalar_type() == src.scalar_type() && dst.stride(1) == 1 && src.stride(1) == 1 && dst.size(0) > 0) {
-    const size_t es = src.element_size();
-    DFLASH_CHECK_CUDA(cudaMemcpy2DAsync(dst.data_ptr(), size_t(dst.stride(0)) * es, src.data_ptr(),
-                                        size_t(src.stride(0)) * es, size_t(src.size(1)) * es, size_t(src.size(0)),
-                                        cudaMemcpyDeviceToDevice, at::cuda::getCurrentCUDAStream()));
-    return;
-  }
-#endif
-  dst.copy_(src);
 }
 
 at::Tensor positions_from_cu(const std::vector<int64_t>& cu, int64_t T) {

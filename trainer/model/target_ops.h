@@ -13,17 +13,7 @@
 namespace dflash::model::ops {
 
 // RMSNorm over the last dimension (x may be a strided view): x * rsqrt(mean(x^2) + eps) * w.
-// CUDA: target_kernels.h rms_norm where it fits (bf16/f16, H % 8 == 0, H <= 4096; transformers'
-// roundings, as the CPU path), else ATen's fused kernel.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
-
-// Environment knob, read once per process: "kernel" (default) or "aten" (ATen's fused RMSNorm on
-// CUDA everywhere: the A/B and test switch).
-inline constexpr const char* kTargetNormEnv = "DFLASH_TARGET_NORM";
-
-// dst <- src for [rows, cols] tensors whose rows are contiguous (dst may be a column slice of a
-// wider tensor, as the capture buffer's): one cudaMemcpy2DAsync on CUDA, copy_ otherwise.
-void copy_rows(at::Tensor dst, const at::Tensor& src);
 
 // Position of every token inside its document: [T] int64 on CPU.
 at::Tensor positions_from_cu(const std::vector<int64_t>& cu, int64_t T);

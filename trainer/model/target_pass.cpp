@@ -78,7 +78,7 @@ at::Tensor TargetPass::capture_into(const std::vector<int64_t>& layer_ids, int64
 void TargetPass::after_layer(int64_t l, const at::Tensor& x) {
   if (next_capture < capture_ids.size() && capture_ids[next_capture] == l) {
     const int64_t H = x.size(1);
-    ops::copy_rows(captured.narrow(1, int64_t(next_capture) * H, H), x);
+    captured.narrow(1, int64_t(next_capture) * H, H).copy_(x);
     ++next_capture;
   }
 }
