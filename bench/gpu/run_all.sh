@@ -8,7 +8,9 @@
 #     (each "a" may itself be "a,c": run one after the other on that GPU)
 #   default: every bench/gpu/*.sh but this one and the profilers (*_prof.sh), one after the other
 # bench/gpu/lib/common.sh holds the set-up the areas share (sourced, so not an area: it is below lib/).
-# The device machine gets no .git: pass DFLASH_COMMIT=$(git rev-parse --short HEAD) to record it.
+# Pass DFLASH_COMMIT=$(git rev-parse --short HEAD), computed where you commit, to record the commit: a
+# copy of the tree on another machine may carry no .git, or a stale one (its HEAD is then not what
+# runs; without DFLASH_COMMIT the line reads git's HEAD with "-dirty" when the tree differs from it).
 # On the H200 machines LibTorch is the system python3's torch. NVLink multicast stays off.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
@@ -21,7 +23,7 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export PYTHONUNBUFFERED=1
 source tools/mpi_env.sh
 {
-  echo "date: $(date -u +%FT%TZ)  commit: ${DFLASH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+  echo "date: $(date -u +%FT%TZ)  commit: ${DFLASH_COMMIT:-$(git describe --always --dirty --abbrev=7 2>/dev/null || echo unknown)}"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
 } | tee "$OUT/machine.txt"
