@@ -51,11 +51,11 @@ inline int64_t kernel_meta_numel(int64_t B, int64_t q_len, int64_t kv_len) {
   return B * (nqt * kTileQ * 4 + nqt * 4 + nkt * 2);
 }
 
-// Strides are in elements; the last dimension (head dim) is contiguous; row strides are
-// multiples of 8 and base pointers 16-byte aligned (checked by kernel_cuda.cpp).
 // The forward's default rescale slack (AttnParams::rescale_slack, DFLASH_ATTN_RESCALE_SLACK).
 constexpr int kRescaleSlackDefault = 8;
 
+// Strides are in elements; the last dimension (head dim) is contiguous; row strides are
+// multiples of 8 and base pointers 16-byte aligned (checked by kernel_cuda.cpp).
 struct AttnParams {
   const void* q = nullptr;   // bf16 [B, Hq, q_len, d]
   const void* k = nullptr;   // bf16 [B, Hkv, kv_len, d]

@@ -25,6 +25,8 @@ import json
 import re
 import sys
 
+from speed_bars import drafter_rows, target_rows  # the benchmark tables, read once (bench/speed_bars.py)
+
 
 def main():
     ap = argparse.ArgumentParser()
@@ -82,11 +84,9 @@ def main():
     check(measured >= 0.95 * bound, f"pipeline {measured:.0f} tok/s = {100 * measured / bound:.1f}% of its parts' bound "
                                     f"{bound:.0f} ({'1/(1/target+1/drafter)' if colocated else 'min(T*target, D*drafter)'}; >= 95%)")
     if a.target_bench and a.drafter_bench:
-        sb = next(r["tokens_per_s"] for r in json.load(open(a.target_bench))["rows"] if r["shape"] == a.target_shape)
+        sb = target_rows(a.target_bench)[a.target_shape]
         S, B, att, loss = a.drafter_case.split()
-        row = next(l for l in open(a.drafter_bench)
-                   if re.match(rf"\|\s*{S}\s*\|\s*{B}\s*\|\s*{att} {loss}\s*\|\s*[0-9.]+", l))
-        db = float(row.split("|")[-5])  # target tok/s column (the full step with --optimizer)
+        db = drafter_rows([a.drafter_bench])[(int(S), int(B), f"{att} {loss}")]  # the full step's target tok/s
         bb = 1 / (1 / sb + 1 / db) if colocated else min(T * sb, D * db)
         print(f"INFO independent benches: target {sb:.0f} tok/s ({a.target_shape}), drafter step {db:.0f} tok/s "
               f"({a.drafter_case}); bound {bb:.0f}: the run reaches {100 * measured / bb:.1f}%; its own parts vs the "

@@ -51,13 +51,13 @@ grep -h "^| [0-9]" "$OUT/drafter_step_4x3072_single_adamw.txt" | tee -a "$SUMMAR
 
 # 2. the target part alone at the pipeline's shape, and at the bar's 8 x 2048
 gpu_watch_start "target forward 4x3072, 8x2048"
-timeout 150 "$BUILD/bench/target_bench" forward --shapes 4x3072,8x2048 --iters 5 --json "$OUT/target_4x3072.json" \
-  > "$OUT/target_4x3072.txt" 2>&1 || rc=1
+timeout 150 "$BUILD/bench/target_bench" forward --shapes 4x3072,8x2048 --iters 5 --json "$OUT/target_forward.json" \
+  > "$OUT/target_forward.txt" 2>&1 || rc=1
 gpu_watch_stop "target forward 4x3072, 8x2048"
-echo "## target capture forward 4x3072, 8x2048" | tee -a "$SUMMARY"; grep -A3 "^shape" "$OUT/target_4x3072.txt" | tee -a "$SUMMARY"
+echo "## target capture forward 4x3072, 8x2048" | tee -a "$SUMMARY"; grep -A3 "^shape" "$OUT/target_forward.txt" | tee -a "$SUMMARY"
 # the throughput bars of issue 15 from 1. and 2. (a report: not met does not fail the area)
 "$PY" bench/speed_bars.py --drafter "$OUT/drafter_step_4x3072.txt" "$OUT/drafter_step_1x40000.txt" \
-  --target "$OUT/target_4x3072.json" | tee -a "$SUMMARY"
+  --target "$OUT/target_forward.json" | tee -a "$SUMMARY"
 
 # the random target and the data of pipeline.sh
 bench_random_target_and_data
@@ -77,7 +77,7 @@ for l in sys.stdin: print(f"{time.time():.3f} {l}", end="", flush=True)' > "$OUT
   cp "$WORK/run-$name/metrics.jsonl" "$OUT/speed_${name}_metrics.jsonl" 2>/dev/null
   cp "$WORK/run-$name/split.json" "$OUT/speed_${name}_split.json" 2>/dev/null
   "$PY" bench/pipeline_check.py --log "$OUT/speed_$name.log" --metrics "$WORK/run-$name/metrics.jsonl" --launch "$t0" \
-    --target-bench "$OUT/target_4x3072.json" --drafter-bench "$OUT/drafter_step_4x3072.txt" \
+    --target-bench "$OUT/target_forward.json" --drafter-bench "$OUT/drafter_step_4x3072.txt" \
     --drafter-case "3072 4 kernel fused" 2>&1 | tee -a "$SUMMARY"
   [ "${PIPESTATUS[0]}" -eq 0 ] || rc=1
 }
