@@ -2,7 +2,8 @@
 //
 // Owns: the message (a small header: kind, global batch index, count, dtypes, shapes; then
 // the tensors), point-to-point send/recv (blocking and asynchronous), all-reduce (sum,
-// average) over a group of chosen ranks, barrier, abort. Two implementations:
+// average; blocking and asynchronous) over a group of chosen ranks, barrier, abort. Two
+// implementations:
 //  - MPI  (mpi_communicator.cpp): CPU tensors over OpenMPI, nonblocking calls polled with
 //    MPI_Test against the deadline. Works with or without GPUs; the tests run it on CPU.
 //  - NCCL (nccl_communicator.cpp, only with CUDA): CUDA tensors; sends and receives in
@@ -19,17 +20,28 @@
 //   comm->send(dest, Message{kKindFeatures, k, {hidden, ids, mask}});
 //   // drafter rank: prefetch batch k+D while training on k
 //   auto next = comm->irecv(src, k + D);  ...train on k...  Message m = next->take();
-//   comm->all_reduce(*drafters, grads, ReduceOp::Average);
+//   // gradients in buckets, each posted as soon as the backward has produced it (every rank
+//   // posts the same buckets in the same order), all waited for before the optimizer
+//   std::vector<HandlePtr> hs;
+//   for (auto& bucket : buckets) hs.push_back(comm->iall_reduce(*drafters, bucket, ReduceOp::Average, k));
+//   for (auto& h : hs) h->wait();
+//   comm->all_reduce(*drafters, stats, ReduceOp::Sum, k);         // = iall_reduce(...)->wait()
 //   comm->set_timeout(cfg.comm.timeout_s);                       // after the first step
 //
 // Ordering: messages between one (sender, receiver) pair arrive in the order they were sent;
 // the n-th irecv from a peer gets the n-th message that peer sent to this rank, whatever
 // order the handles are waited in. A message to oneself (colocated runs) goes through an
 // in-process queue (tensors are cloned).
+// Collectives (all_reduce, iall_reduce, barrier, new_group) must be POSTED in the same order
+// on every rank of their group: the n-th collective a rank posts on a group meets the n-th
+// collective of every other member (MPI and NCCL match them by order, not by name). Their
+// handles may be waited in any order.
 // Received tensors are on device() and ready to use on the caller's current stream.
 //
 // Thread-safety: one thread at a time may call a Communicator (and its handles); abort() may
-// be called from any thread. Handles belong to their Communicator and must not outlive it.
+// be called from any thread. Handles belong to their Communicator and must not outlive it. A
+// handle may be destroyed without wait(): its destructor neither throws nor blocks, and the
+// communicator keeps the buffers of what is still in flight until the transfer has ended.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -82,9 +94,12 @@ Header header_of(const Message& m);
 class Handle {
  public:
   virtual ~Handle() = default;
-  // Makes progress without blocking; true once complete.
+  // Makes progress without blocking; true once complete (iall_reduce: the result is delivered
+  // by wait(), which then returns at once).
   virtual bool test() = 0;
-  // Blocks until complete, at most the communicator's timeout.
+  // Blocks until complete, at most the communicator's timeout() counted from this call; on
+  // expiry or an asynchronous error the communicator is aborted and a CommError names the op,
+  // the peer or group and the batch. Waiting again after it returned is a no-op.
   virtual void wait() = 0;
   // irecv only: waits, then hands over the received message (once).
   virtual Message take();
@@ -127,11 +142,20 @@ class Communicator {
   // Collective over the whole world: every rank calls it with the same ranks (sorted, unique).
   // Ranks outside get a Group that contains() nothing of theirs and must not use it.
   virtual std::shared_ptr<Group> new_group(const std::vector<int>& ranks) = 0;
-  // In place, over every rank of `group` (this rank must be a member). Integer tensors
-  // support Sum only. Returns when the result is ready on the caller's current stream.
-  // `batch` names the step in error messages.
-  virtual void all_reduce(Group& group, std::vector<at::Tensor>& tensors, ReduceOp op,
-                          int64_t batch = kNoBatch) = 0;
+  // Asynchronous all-reduce, in place on `tensors`, over every rank of `group` (this rank must
+  // be a member; std::invalid_argument otherwise, for an average of an integer tensor, and
+  // (NCCL) for a tensor on another device: all checked before anything is posted). Integer
+  // tensors support Sum only. The tensors' current values (on the caller's current stream) are
+  // reduced; the caller must neither read nor write them until the handle's wait() returned,
+  // after which the result is ready on the caller's current stream (of the wait() call).
+  // Every member must post its collectives on a group in the same order (header). `batch`
+  // names the step in error messages.
+  virtual HandlePtr iall_reduce(Group& group, std::vector<at::Tensor> tensors, ReduceOp op,
+                                int64_t batch = kNoBatch) = 0;
+  // The same, blocking: iall_reduce(...)->wait().
+  void all_reduce(Group& group, std::vector<at::Tensor>& tensors, ReduceOp op, int64_t batch = kNoBatch) {
+    iall_reduce(group, tensors, op, batch)->wait();
+  }
   // nullptr: the whole world.
   virtual void barrier(Group* group = nullptr) = 0;
   // Aborts pending and future operations; safe from any thread. Later calls throw CommError.

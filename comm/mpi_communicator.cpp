@@ -8,6 +8,10 @@
 // counts the messages of that pair, so a message's header and data never mix with another's,
 // whatever order receive handles are waited in. Large tensors travel in chunks of 1 GiB
 // (MPI counts are int).
+// All-reduce: MPI_Iallreduce per tensor (per chunk of 2^28 elements), in place; iall_reduce
+// returns once they are posted and its handle's wait() completes them (all_reduce = iall_reduce
+// + wait). Without a progress thread Open MPI advances a collective only inside MPI calls, so a
+// caller that posts early and waits late calls test() now and then.
 // Teardown: a handle destroyed before its transfer completed (a timeout, an abort, an exception
 // that dropped it) hands its requests and buffers to the communicator, which cancels the
 // receives (a late message must not land in freed memory, and MPI_Finalize must not find a
@@ -134,7 +138,7 @@ class MpiCommunicator : public Communicator {
   const char* backend() const override { return "mpi"; }
 
   std::shared_ptr<Group> new_group(const std::vector<int>& ranks) override;
-  void all_reduce(Group& group, std::vector<at::Tensor>& tensors, ReduceOp op, int64_t batch) override;
+  HandlePtr iall_reduce(Group& group, std::vector<at::Tensor> tensors, ReduceOp op, int64_t batch) override;
   void barrier(Group* group) override;
   void abort(const std::string& reason) override {
     {
@@ -357,11 +361,53 @@ MPI_Datatype mpi_type(at::ScalarType t) {
   }
 }
 
-void MpiCommunicator::all_reduce(Group& group, std::vector<at::Tensor>& tensors, ReduceOp op, int64_t batch) {
+// An all-reduce in flight: its requests and what MPI reads and writes (the caller's tensors
+// where they are contiguous and of an MPI type, else fp32 / contiguous copies), held by a
+// Transfer, so that a handle dropped unwaited (a timeout, an exception) leaves them to the
+// communicator instead of freeing memory MPI still writes into. wait() divides for Average and
+// copies the copies back (MPI's sum is the whole reduction; nothing runs in the background).
+class MpiAllReduce : public Handle {
+ public:
+  MpiAllReduce(MpiCommunicator& c, std::string what, int64_t batch, std::vector<at::Tensor> out, ReduceOp op,
+               int group_size)
+      : c_(c), what_(std::move(what)), batch_(batch), out_(std::move(out)), op_(op), n_(group_size), x_(c) {}
+  Transfer& transfer() { return x_; }
+  bool test() override {
+    if (delivered_) return true;
+    int done = 0;
+    std::lock_guard<std::mutex> g(c_.mu());
+    DFLASH_CHECK_MPI(MPI_Testall(static_cast<int>(x_.p.reqs.size()), x_.p.reqs.data(), &done, MPI_STATUSES_IGNORE));
+    return done;
+  }
+  void wait() override {
+    if (delivered_) return;
+    BlockedOn b(what_, kNoPeer, batch_, c_.timeout());
+    poll(c_, x_.p.reqs, b);
+    std::vector<at::Tensor>& work = x_.p.tensors;
+    for (size_t i = 0; i < out_.size(); ++i) {
+      if (op_ == ReduceOp::Average) work[i].div_(n_);
+      if (work[i].data_ptr() != out_[i].data_ptr()) out_[i].copy_(work[i]);
+    }
+    delivered_ = true;
+  }
+
+ private:
+  MpiCommunicator& c_;
+  std::string what_;
+  int64_t batch_;
+  std::vector<at::Tensor> out_;  // the caller's tensors
+  ReduceOp op_;
+  int n_;
+  Transfer x_;  // the requests and the tensors MPI reduces in (also past a timeout)
+  bool delivered_ = false;
+};
+
+HandlePtr MpiCommunicator::iall_reduce(Group& group, std::vector<at::Tensor> tensors, ReduceOp op, int64_t batch) {
   auto* g = dynamic_cast<MpiGroup*>(&group);
   if (!g || g->comm() == MPI_COMM_NULL)
     throw std::invalid_argument(fmt::format("all_reduce: rank {} is not a member of {}", rank_, group.describe()));
-  BlockedOn b(fmt::format("all_reduce over {}", group.describe()), kNoPeer, batch, timeout_s_);
+  std::string what = fmt::format("all_reduce over {}", group.describe());
+  BlockedOn b(what, kNoPeer, batch, 0);  // posting does not block; wait() has the deadline
   check_not_aborted(b);
   // checked before anything is posted: a collective posted here and not on the others would
   // put the group out of step
@@ -369,16 +415,19 @@ void MpiCommunicator::all_reduce(Group& group, std::vector<at::Tensor>& tensors,
     if (op == ReduceOp::Average && !at::isFloatingType(t.scalar_type()))
       throw std::invalid_argument(fmt::format("all_reduce: average of an integer tensor ({})",
                                               c10::toString(t.scalar_type())));
-  // bf16/fp16 (no MPI type) and non-contiguous tensors are reduced in a fp32 / contiguous copy;
-  // the transfer holds what MPI writes into until it is done (also past a timeout)
-  Transfer x(*this);
-  std::vector<at::Tensor>& work = x.p.tensors;
+  // bf16/fp16 (no MPI type) and non-contiguous tensors are reduced in a fp32 / contiguous copy
+  std::vector<at::Tensor> work;
   for (at::Tensor& t : tensors) {
     at::Tensor w = t.to(at::kCPU);
     if (mpi_type(w.scalar_type()) == MPI_DATATYPE_NULL) w = w.to(at::kFloat);
     w = w.contiguous();
     if (w.data_ptr() == t.data_ptr() && !t.is_contiguous()) w = w.clone();
     work.push_back(w);
+  }
+  auto h = std::make_unique<MpiAllReduce>(*this, std::move(what), batch, std::move(tensors), op, group.size());
+  Pending& x = h->transfer().p;
+  x.tensors = std::move(work);  // before posting: the transfer owns what MPI writes into
+  for (at::Tensor& w : x.tensors) {
     auto* p = static_cast<uint8_t*>(w.data_ptr());
     int64_t n = w.numel();
     size_t es = w.element_size();
@@ -388,14 +437,10 @@ void MpiCommunicator::all_reduce(Group& group, std::vector<at::Tensor>& tensors,
       std::lock_guard<std::mutex> lk(mu_);
       DFLASH_CHECK_MPI(MPI_Iallreduce(MPI_IN_PLACE, p + off * es, cnt, mpi_type(w.scalar_type()), MPI_SUM,
                                       g->comm(), &r));
-      x.p.reqs.push_back(r);
+      x.reqs.push_back(r);
     }
   }
-  poll(*this, x.p.reqs, b);
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    if (op == ReduceOp::Average) work[i].div_(group.size());
-    if (work[i].data_ptr() != tensors[i].data_ptr()) tensors[i].copy_(work[i]);
-  }
+  return h;
 }
 
 void MpiCommunicator::barrier(Group* group) {

@@ -11,6 +11,11 @@
 //   current stream, so inputs produced there are ready; results are ready on the caller's
 //   current stream when wait()/all_reduce() return. Tensors handed to NCCL are recordStream()ed
 //   onto our streams, so the caching allocator never reuses them too early.
+// - All-reduce: iall_reduce posts one NCCL group (ncclAllReduce per tensor, non-contiguous ones
+//   through a contiguous copy) on the collective stream after the caller's current stream, and
+//   records an event; its wait() polls that event, makes the waiter's current stream wait for
+//   it and copies the copies back. The state (tensors, event) stays with the communicator until
+//   the event completed, whether or not the handle was waited (as sends).
 // - Pattern rule (NCCL, unlike MPI): one stream per direction class means a rank should not
 //   post receives behind its own unmatched sends to the same peer when that peer does the same
 //   (both sides sending first deadlocks once messages exceed NCCL's buffers). The pipeline's
@@ -111,6 +116,14 @@ struct SendState {
   Event done;
 };
 
+// An all-reduce in progress (iall_reduce): likewise kept until its event completes.
+struct CollState {
+  std::string what;  // "all_reduce over group [..]"
+  int64_t batch;
+  std::vector<at::Tensor> tensors, work;  // the caller's; what NCCL reduces (contiguous)
+  Event done;
+};
+
 class NcclCommunicator : public Communicator {
  public:
   NcclCommunicator(const Identity& id, double startup_timeout_s, std::shared_ptr<Store> store);
@@ -119,7 +132,7 @@ class NcclCommunicator : public Communicator {
   at::Device device() const override { return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(gpu_)); }
   const char* backend() const override { return "nccl"; }
   std::shared_ptr<Group> new_group(const std::vector<int>& ranks) override;
-  void all_reduce(Group& group, std::vector<at::Tensor>& tensors, ReduceOp op, int64_t batch) override;
+  HandlePtr iall_reduce(Group& group, std::vector<at::Tensor> tensors, ReduceOp op, int64_t batch) override;
   void barrier(Group* group) override;
   void abort(const std::string& reason) override;
 
@@ -129,6 +142,7 @@ class NcclCommunicator : public Communicator {
   void finish_recv(RecvState& st, const BlockedOn& b);
   bool recv_done(RecvState& st);
   void wait_send(SendState& st, const BlockedOn& b) { wait_event(st.done.ev, b); }
+  void finish_coll(CollState& st);
 
  protected:
   HandlePtr do_isend(int peer, const Message& msg) override;
@@ -142,7 +156,7 @@ class NcclCommunicator : public Communicator {
   [[noreturn]] void fail(const BlockedOn& b, const std::string& detail);
   void post_header(RecvState& st);
   void post_data(RecvState& st);
-  void reap_sends();
+  void reap_sends();  // and finished collectives
   c10::cuda::CUDAStream caller_stream() const { return c10::cuda::getCurrentCUDAStream(gpu_); }
   void stream_wait_caller(const c10::cuda::CUDAStream& s);
 
@@ -160,6 +174,7 @@ class NcclCommunicator : public Communicator {
   std::deque<std::shared_ptr<RecvState>> recvs_;  // pending receives, in irecv order
   bool in_progress_ = false;
   std::deque<std::shared_ptr<SendState>> sends_;
+  std::deque<std::shared_ptr<CollState>> colls_;
 };
 
 class NcclSendHandle : public Handle {
@@ -174,6 +189,27 @@ class NcclSendHandle : public Handle {
  private:
   NcclCommunicator& c_;
   std::shared_ptr<SendState> st_;
+};
+
+class NcclCollHandle : public Handle {
+ public:
+  NcclCollHandle(NcclCommunicator& c, std::shared_ptr<CollState> st) : c_(c), st_(std::move(st)) {}
+  bool test() override {
+    c_.progress_recvs();
+    const cudaError_t q = cudaEventQuery(st_->done.ev);
+    if (q != cudaErrorNotReady) DFLASH_CHECK_CUDA(q);
+    return q == cudaSuccess;
+  }
+  void wait() override {
+    if (waited_) return;
+    c_.finish_coll(*st_);
+    waited_ = true;
+  }
+
+ private:
+  NcclCommunicator& c_;
+  std::shared_ptr<CollState> st_;
+  bool waited_ = false;
 };
 
 class NcclRecvHandle : public Handle {
@@ -360,6 +396,7 @@ void NcclCommunicator::stream_wait_caller(const c10::cuda::CUDAStream& s) {
 
 void NcclCommunicator::reap_sends() {
   while (!sends_.empty() && cudaEventQuery(sends_.front()->done.ev) == cudaSuccess) sends_.pop_front();
+  while (!colls_.empty() && cudaEventQuery(colls_.front()->done.ev) == cudaSuccess) colls_.pop_front();
 }
 
 // ---- point to point -----------------------------------------------------------------------
@@ -516,36 +553,49 @@ std::shared_ptr<Group> NcclCommunicator::new_group(const std::vector<int>& ranks
   return std::make_shared<NcclGroup>(ranks, sub);
 }
 
-void NcclCommunicator::all_reduce(Group& group, std::vector<at::Tensor>& tensors, ReduceOp op, int64_t batch) {
+HandlePtr NcclCommunicator::iall_reduce(Group& group, std::vector<at::Tensor> tensors, ReduceOp op, int64_t batch) {
   auto* g = dynamic_cast<NcclGroup*>(&group);
   if (!g || !g->comm())
     throw std::invalid_argument(fmt::format("all_reduce: rank {} is not a member of {}", rank_, group.describe()));
-  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(gpu_));
-  BlockedOn b(fmt::format("all_reduce over {}", group.describe()), kNoPeer, batch, timeout_s_);
-  if (aborted_) check_async(b);
-  progress_recvs();
-  std::vector<at::Tensor> work;
-  for (at::Tensor& t : tensors) {
+  // checked before anything is posted: a collective posted here and not on the others would
+  // put the group out of step
+  for (const at::Tensor& t : tensors) {
     if (op == ReduceOp::Average && !at::isFloatingType(t.scalar_type()))
       throw std::invalid_argument(fmt::format("all_reduce: average of an integer tensor ({})", c10::toString(t.scalar_type())));
     DFLASH_CHECK(t.device() == device(), "all_reduce: tensor on {}, the communicator is on {}", t.device().str(), device().str());
-    work.push_back(t.is_contiguous() ? t : t.contiguous());
+    nccl_type(t.scalar_type());  // throws for a dtype NCCL lacks
   }
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(gpu_));
+  auto st = std::make_shared<CollState>();
+  st->what = fmt::format("all_reduce over {}", group.describe());
+  st->batch = batch;
+  BlockedOn b(st->what, kNoPeer, batch, timeout_s_);  // bounds the enqueue (wait_ready)
+  if (aborted_) check_async(b);
+  reap_sends();
+  progress_recvs();
+  for (at::Tensor& t : tensors) st->work.push_back(t.is_contiguous() ? t : t.contiguous());  // on the caller's stream
+  st->tensors = std::move(tensors);
   stream_wait_caller(coll_stream_);
   DFLASH_CHECK_NCCL(ncclGroupStart(), g->comm());
-  for (at::Tensor& w : work)
+  for (at::Tensor& w : st->work)
     if (w.numel() > 0)
       DFLASH_CHECK_NCCL(ncclAllReduce(w.data_ptr(), w.data_ptr(), w.numel(), nccl_type(w.scalar_type()),
                                       op == ReduceOp::Sum ? ncclSum : ncclAvg, g->comm(), coll_stream_.stream()), g->comm());
   DFLASH_CHECK_NCCL(ncclGroupEnd(), g->comm());
   wait_ready(g->comm(), b);
-  for (at::Tensor& w : work) record_stream(w, coll_stream_);
-  Event done;
-  DFLASH_CHECK_CUDA(cudaEventRecord(done.ev, coll_stream_.stream()));
-  wait_event(done.ev, b);
-  DFLASH_CHECK_CUDA(cudaStreamWaitEvent(caller_stream().stream(), done.ev, 0));
-  for (size_t i = 0; i < tensors.size(); ++i)
-    if (work[i].data_ptr() != tensors[i].data_ptr()) tensors[i].copy_(work[i]);
+  for (at::Tensor& w : st->work) record_stream(w, coll_stream_);
+  DFLASH_CHECK_CUDA(cudaEventRecord(st->done.ev, coll_stream_.stream()));
+  colls_.push_back(st);
+  return std::make_unique<NcclCollHandle>(*this, st);
+}
+
+void NcclCommunicator::finish_coll(CollState& st) {
+  c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(gpu_));
+  BlockedOn b(st.what, kNoPeer, st.batch, timeout_s_);
+  wait_event(st.done.ev, b);
+  DFLASH_CHECK_CUDA(cudaStreamWaitEvent(caller_stream().stream(), st.done.ev, 0));
+  for (size_t i = 0; i < st.tensors.size(); ++i)
+    if (st.work[i].data_ptr() != st.tensors[i].data_ptr()) st.tensors[i].copy_(st.work[i]);
 }
 
 void NcclCommunicator::barrier(Group* group) {

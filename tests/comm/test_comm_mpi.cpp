@@ -10,6 +10,9 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <chrono>
+#include <thread>
+
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -167,11 +170,114 @@ TEST(CommMpi, MisuseIsReported) {
   std::vector<at::Tensor> ints{at::ones({4}, at::kLong).to(dev())};
   if (R() != 0) {
     EXPECT_THROW(g_comm->all_reduce(*g, ints, ReduceOp::Sum), std::invalid_argument);
+    EXPECT_THROW(g_comm->iall_reduce(*g, ints, ReduceOp::Sum), std::invalid_argument);
   } else {
     EXPECT_THROW(g_comm->all_reduce(*g, ints, ReduceOp::Average), std::invalid_argument);
+    // checked before anything is posted: a float tensor before the integer one posts nothing
+    // either (the group would be out of step otherwise: the next collective below would not match)
+    EXPECT_THROW(g_comm->iall_reduce(*g, {at::ones({4}, at::kFloat).to(dev()), ints[0]}, ReduceOp::Average),
+                 std::invalid_argument);
+    std::vector<at::Tensor> one{at::ones({3}, at::kFloat).to(dev())};
+    g_comm->all_reduce(*g, one, ReduceOp::Sum);
+    EXPECT_TRUE(at::equal(one[0].cpu(), at::ones({3}, at::kFloat)));
   }
   EXPECT_THROW(g_comm->isend(W(), Message{}), std::invalid_argument);
   EXPECT_THROW(g_comm->new_group({1, 0}), std::invalid_argument);
+  g_comm->barrier();
+}
+
+// iall_reduce: five collectives in flight at once, waited in another order than they were posted
+// (the last first), over fp32, bf16, a non-contiguous view, int64 (Sum), empty tensors and an
+// Average; integer-valued data, so every expected value is exact. test() becomes true without
+// wait(); a second wait() is a no-op.
+TEST(CommMpi, IallReduceManyInFlightWaitedOutOfOrder) {
+  std::vector<int> all;
+  for (int r = 0; r < W(); ++r) all.push_back(r);
+  auto g = g_comm->new_group(all);
+  const int64_t n = W(), r1 = R() + 1, sum_r = n * (n + 1) / 2;
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  struct Posted {
+    std::vector<at::Tensor> ts;
+    at::Tensor base;  // the storage of the non-contiguous view ts[2]
+    HandlePtr h;
+  };
+  std::vector<Posted> posted;
+  for (int64_t i = 0; i < 4; ++i) {
+    Posted p;
+    const at::Tensor idx = at::arange(0, 1000 + i, at::kLong).remainder(7).add(1);  // 1..7
+    p.ts.push_back((idx * r1 * (i + 1)).to(at::kFloat).to(dev()));
+    p.ts.push_back((idx.narrow(0, 0, 300).remainder(3).add(1) * r1).to(at::kBFloat16).to(dev()));  // sums <= 108
+    p.base = at::full({8, 6}, static_cast<double>(r1 * (i + 1)), f32).to(dev());
+    p.ts.push_back(p.base.narrow(1, 1, 3));  // [8, 3] of rows of 6: not contiguous
+    p.ts.push_back((at::arange(0, 17, at::kLong) + r1 * 1000003 + i).to(dev()));
+    p.ts.push_back(at::empty({0}, f32).to(dev()));
+    p.ts.push_back(at::empty({3, 0}, at::TensorOptions().dtype(at::kBFloat16)).to(dev()));
+    p.h = g_comm->iall_reduce(*g, p.ts, ReduceOp::Sum, 30 + i);
+    posted.push_back(std::move(p));
+  }
+  Posted avg;  // the average of 2n(r+1) is 2 * sum_r
+  avg.ts = {at::full({64}, 2.0 * static_cast<double>(n * r1), f32).to(dev()),
+            at::full({33}, 2.0 * static_cast<double>(n * r1), at::TensorOptions().dtype(at::kBFloat16)).to(dev())};
+  avg.h = g_comm->iall_reduce(*g, avg.ts, ReduceOp::Average, 34);
+  // test() alone completes a collective (every rank posted them all)
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (!posted[0].h->test() && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_TRUE(posted[0].h->test());
+  avg.h->wait();
+  EXPECT_TRUE(at::equal(avg.ts[0].cpu(), at::full({64}, 2.0 * static_cast<double>(sum_r), f32)));
+  EXPECT_TRUE(at::equal(avg.ts[1].cpu(),
+                        at::full({33}, 2.0 * static_cast<double>(sum_r), at::TensorOptions().dtype(at::kBFloat16))));
+  for (int64_t i = 3; i >= 0; --i) {
+    Posted& p = posted[static_cast<size_t>(i)];
+    p.h->wait();
+    p.h->wait();  // no-op
+    const at::Tensor idx = at::arange(0, 1000 + i, at::kLong).remainder(7).add(1);
+    EXPECT_TRUE(at::equal(p.ts[0].cpu(), (idx * sum_r * (i + 1)).to(at::kFloat))) << "round " << i;
+    EXPECT_TRUE(at::equal(p.ts[1].cpu(), (idx.narrow(0, 0, 300).remainder(3).add(1) * sum_r).to(at::kBFloat16)))
+        << "round " << i;
+    at::Tensor want = at::full({8, 6}, static_cast<double>(r1 * (i + 1)), f32);  // outside the view: untouched
+    want.narrow(1, 1, 3).fill_(static_cast<double>(sum_r * (i + 1)));
+    EXPECT_TRUE(at::equal(p.base.cpu(), want)) << "round " << i;
+    EXPECT_TRUE(at::equal(p.ts[3].cpu(), at::arange(0, 17, at::kLong) * n + sum_r * 1000003 + n * i)) << "round " << i;
+    EXPECT_EQ(p.ts[4].numel(), 0);
+    EXPECT_EQ(p.ts[5].sizes(), at::IntArrayRef({3, 0}));
+  }
+  g_comm->barrier();
+}
+
+// An all-reduce that another member never posts: the rank that waits gets a CommError within its
+// deadline naming the op, the group and the batch, and its communicator is aborted (a second
+// communicator, so the shared one stays usable). The missing rank then posts late, so that the
+// abandoned collective completes (MPI cannot cancel collectives; its buffers were kept) and
+// every rank ends cleanly.
+TEST(CommMpi, IallReduceTimeoutNamesGroupAndBatch) {
+  if (W() < 2) GTEST_SKIP();
+  Identity id = detect();
+  auto c3 = make_communicator(CommOptions{g_backend, 60, 60}, id);
+  auto g = c3->new_group({0, 1});  // collective over the world
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  if (R() == 1) {
+    c3->set_timeout(0.5);
+    HandlePtr h = c3->iall_reduce(*g, {at::ones({256}, f32).to(dev())}, ReduceOp::Sum, 77);
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      h->wait();  // rank 0 has not posted it
+      ADD_FAILURE() << "wait returned";
+    } catch (const dflash::CommError& e) {
+      std::string m = e.what();
+      EXPECT_NE(m.find("timed out"), std::string::npos) << m;
+      EXPECT_NE(m.find("all_reduce over group [0, 1], batch 77"), std::string::npos) << m;
+    }
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5.0);
+    EXPECT_THROW(c3->iall_reduce(*g, {at::ones({2}, f32).to(dev())}, ReduceOp::Sum), dflash::CommError);  // aborted
+  }  // rank 1's handle is destroyed unwaited here
+  g_comm->barrier();  // rank 1 gave up
+  if (R() == 0) {
+    std::vector<at::Tensor> late{at::ones({256}, f32).to(dev())};
+    c3->all_reduce(*g, late, ReduceOp::Sum, 77);  // meets rank 1's abandoned one (rank 1 progresses in the barrier)
+    EXPECT_TRUE(at::equal(late[0].cpu(), at::full({256}, 2.0, f32)));
+  }
   g_comm->barrier();
 }
 
