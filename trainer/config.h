@@ -50,10 +50,14 @@ struct CommConfig {
   std::string backend = "auto";  // auto | nccl | mpi
   double timeout_s = 120;
   double startup_timeout_s = 600;
+  double grad_bucket_mb = 64;  // 0: one all-reduce after the backward
   template <class V> void visit(V& v) {
     v("backend", backend, "auto (nccl on GPU, mpi on CPU), nccl or mpi");
     v("timeout_s", timeout_s, "deadline of every blocking operation after start-up");
     v("startup_timeout_s", startup_timeout_s, "deadline of rendezvous and the first step");
+    v("grad_bucket_mb", grad_bucket_mb,
+      "drafter gradients are all-reduced in buckets of at most this many MiB during the backward "
+      "(0: in one all-reduce after it)");
   }
 };
 

@@ -44,6 +44,9 @@ const std::vector<Bad> kBad = {
     // timeouts: NaN, inf, negative, 0 and beyond a week all remove or defeat the deadline
     {"comm.timeout_s", "nan"}, {"comm.timeout_s", "inf"}, {"comm.timeout_s", "-1"}, {"comm.timeout_s", "0"},
     {"comm.timeout_s", "1e300"}, {"comm.startup_timeout_s", "nan"}, {"comm.startup_timeout_s", "-inf"},
+    // gradient buckets: negative, NaN, infinite, beyond 1 TiB
+    {"comm.grad_bucket_mb", "-1"}, {"comm.grad_bucket_mb", "nan"}, {"comm.grad_bucket_mb", "inf"},
+    {"comm.grad_bucket_mb", "1e12"},
     // threads, ranks
     {"run.cpu_threads", "1000000"}, {"run.cpu_threads", "-1"}, {"layout.target_ranks", "0"},
     {"layout.drafter_ranks", "100000000"},
@@ -97,6 +100,11 @@ TEST(Validate, MessageSaysWhatIsExpected) {
   EXPECT_NE(error_of("", {"comm.timeout_s=nan"}).find("must be a finite number of seconds in (0, 604800], got nan"),
             std::string::npos);
   EXPECT_NE(error_of("train: {beta1: 1.5}").find("must be in [0, 1), got 1.5"), std::string::npos);
+  EXPECT_NE(error_of("", {"comm.grad_bucket_mb=-1"})
+                .find("key 'comm.grad_bucket_mb' must be 0 (one all-reduce after the backward) or a finite bucket "
+                      "size in MiB in (0, 1048576], got -1"),
+            std::string::npos)
+      << error_of("", {"comm.grad_bucket_mb=-1"});
   EXPECT_NE(error_of("", {"run.cpu_threads=1000000"}).find("hardware threads"), std::string::npos);
   EXPECT_NE(error_of("", {"run.dir=\"\""}).find("an empty run.dir would put"), std::string::npos);
   EXPECT_NE(error_of("", {"train.max_steps=1000000000000"}).find("-1 (epochs decide) or a step count in [1, 10000000]"),
@@ -112,12 +120,15 @@ TEST(Validate, MessageSaysWhatIsExpected) {
 
 TEST(Validate, GoodValuesAtTheEdgesPass) {
   // the limits themselves are allowed: a check that refused everything would fail here
-  auto c = parse_config("comm: {timeout_s: 604800, startup_timeout_s: 0.5}\ntrain: {lr: 1, beta1: 0, beta2: 0.999999,"
+  auto c = parse_config("comm: {timeout_s: 604800, startup_timeout_s: 0.5, grad_bucket_mb: 0}\ntrain: {lr: 1, beta1: 0, beta2: 0.999999,"
                         " warmup_ratio: 1, weight_decay: 0, grad_clip: 0, max_steps: 10000000, grad_accum: 4096}\n"
                         "drafter: {block_size: 2, num_layers: 256, mask_token_id: -1, gamma: 0}\n"
                         "checkpoint: {state_every: 0, export_every: 0, keep_last: 0}\nrun: {cpu_threads: 0}\n",
                         "t.yaml", {"run.dir=/tmp/x", "train.max_steps=-1", "log.console_rank=-1"});
   EXPECT_DOUBLE_EQ(c.comm.timeout_s, 604800);
+  EXPECT_EQ(c.comm.grad_bucket_mb, 0);  // the old path: one all-reduce after the backward
+  EXPECT_DOUBLE_EQ(parse_config("comm: {grad_bucket_mb: 1048576}\n", "t.yaml", {}).comm.grad_bucket_mb, 1048576);
+  EXPECT_DOUBLE_EQ(parse_config("", "t.yaml", {}).comm.grad_bucket_mb, 64);  // the default
   EXPECT_EQ(c.train.max_steps, -1);
   EXPECT_EQ(c.run.dir, "/tmp/x");
 }

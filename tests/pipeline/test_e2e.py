@@ -11,6 +11,12 @@ temporary directory.
   * layout independence: the per-step losses agree within LAYOUT_RTOL relative over all
     steps (the layouts differ only in the order of floating-point sums: an all-reduce average
     of two gradients vs. accumulation of two halves).
+- Gradient reduction overlapped with the backward (comm.grad_bucket_mb > 0, grad_reduce.h: the
+  2+2 run above uses buckets of 0.05 MiB, several for the tiny drafter) against the old path
+  (comm.grad_bucket_mb = 0: one all-reduce after the backward), with grad_accum 1 (the 2+2 run)
+  and 2 (a shorter pair): the per-step losses and the final training state (fp32 weights and
+  AdamW moments) are bit-identical. With two drafter ranks each element of the average is
+  (a + b) / 2 whatever the bucketing, so exact equality is the right bar, not a tolerance.
 - Resume: N steps, kill -9 of every rank once a state exists, --resume to 2N (with a fake
   half-written newer state planted, which must be ignored): the per-step losses after the
   resumed state equal the straight run's within RESUME_RTOL (same layout, one thread per
@@ -21,6 +27,7 @@ temporary directory.
 """
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -93,22 +100,28 @@ def check_export(run_dir):
 
 LAYOUTS = {  # name: (processes, overrides)
     "1+1": (2, {"layout.target_ranks": 1, "layout.drafter_ranks": 1, "train.grad_accum": 2}),
-    "2+2": (4, {"layout.target_ranks": 2, "layout.drafter_ranks": 2, "train.grad_accum": 1}),
+    # buckets of 0.05 MiB: the tiny drafter's 395 KB of fp32 gradients are all-reduced in 9 of them
+    "2+2": (4, {"layout.target_ranks": 2, "layout.drafter_ranks": 2, "train.grad_accum": 1,
+                "comm.grad_bucket_mb": 0.05}),
     "3+1": (4, {"layout.target_ranks": 3, "layout.drafter_ranks": 1, "train.grad_accum": 2}),
     "colocated": (1, {"layout.colocated": "true", "train.grad_accum": 2}),
 }
 
 
+CONSOLE = {}  # run dir -> what its launch printed
+
+
+def launch(assets, name, np_, extra):
+    run_dir = str(assets[0] / f"run-{name}")
+    r = mpirun(np_, base_overrides(assets, run_dir, **extra))
+    assert r.returncode == 0, f"{name}: exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    CONSOLE[run_dir] = r.stdout + r.stderr
+    return run_dir
+
+
 @pytest.fixture(scope="module")
 def layout_runs(assets):
-    root = assets[0]
-    runs = {}
-    for name, (np_, extra) in LAYOUTS.items():
-        run_dir = str(root / f"run-{name}")
-        r = mpirun(np_, base_overrides(assets, run_dir, **extra))
-        assert r.returncode == 0, f"{name}: exit {r.returncode}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-        runs[name] = run_dir
-    return runs
+    return {name: launch(assets, name, np_, extra) for name, (np_, extra) in LAYOUTS.items()}
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
@@ -131,6 +144,36 @@ def test_layouts_give_the_same_losses(layout_runs):
         got = step_losses(layout_runs[name])
         for s in range(1, STEPS + 1):
             assert abs(got[s] - ref[s]) <= LAYOUT_RTOL * abs(ref[s]), (name, s, got[s], ref[s])
+
+
+NO_OVERLAP = {"comm.grad_bucket_mb": 0}
+GA2_STEPS = 8
+
+
+@pytest.fixture(scope="module")
+def overlap_twins(assets, layout_runs):
+    """case -> (overlapped run, its twin with comm.grad_bucket_mb = 0): the 2+2 layout run, and a
+    2+2 pair with grad_accum 2 (the hooks armed for the second micro-batch of each step only)."""
+    two = LAYOUTS["2+2"][1]
+    ga2 = {**two, "train.grad_accum": 2, "train.max_steps": GA2_STEPS, "checkpoint.state_every": GA2_STEPS}
+    return {
+        "grad_accum 1": (layout_runs["2+2"], launch(assets, "2+2-no-overlap", 4, {**two, **NO_OVERLAP})),
+        "grad_accum 2": (launch(assets, "2+2-ga2", 4, ga2), launch(assets, "2+2-ga2-no-overlap", 4, {**ga2, **NO_OVERLAP})),
+    }
+
+
+@pytest.mark.parametrize("case", ["grad_accum 1", "grad_accum 2"])
+def test_overlapped_gradient_reduction_is_bit_identical(overlap_twins, case):
+    over, plain = overlap_twins[case]
+    m = re.search(r"drafter 0: gradients all-reduced in (\d+) buckets of <= 0\.05 MiB during the backward "
+                  r"\(comm\.grad_bucket_mb\)", CONSOLE[over])
+    assert m and int(m.group(1)) >= 4, CONSOLE[over][-3000:]
+    assert "drafter 0: gradients all-reduced in one call after the backward (comm.grad_bucket_mb=0)" in CONSOLE[plain]
+    a, b = step_losses(over), step_losses(plain)
+    assert len(a) in (STEPS, GA2_STEPS) and a == b, [(s, a[s], b.get(s)) for s in a if a[s] != b.get(s)]
+    last = f"step-{max(a):08d}"
+    states = [open(os.path.join(d, "checkpoints", last, "optimizer.safetensors"), "rb").read() for d in (over, plain)]
+    assert states[0] == states[1], "the final weights or AdamW moments differ"
 
 
 def kill_all(proc):

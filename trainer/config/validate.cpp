@@ -77,6 +77,9 @@ void validate_config(const Config& cfg) {
   const std::string secs = fmt::format("a finite number of seconds in (0, {:.0f}]", kMaxTimeoutS);
   c.real_range("comm.timeout_s", cfg.comm.timeout_s, 0, kMaxTimeoutS, true, false, secs);
   c.real_range("comm.startup_timeout_s", cfg.comm.startup_timeout_s, 0, kMaxTimeoutS, true, false, secs);
+  c.real_range("comm.grad_bucket_mb", cfg.comm.grad_bucket_mb, 0, kMaxGradBucketMb, false, false,
+               fmt::format("0 (one all-reduce after the backward) or a finite bucket size in MiB in (0, {:.0f}]",
+                           kMaxGradBucketMb));
   // log
   c.one_of("log.level", cfg.log.level, {"debug", "info", "warn", "error"});
   c.int_range("log.console_rank", cfg.log.console_rank, -1, kMaxRanks - 1, "-1 (every rank) or a rank >= 0");

@@ -37,6 +37,7 @@ constexpr int64_t kMaxLossChunk = 1 << 24;
 constexpr int64_t kMaxPrefetch = 64;
 constexpr int64_t kMaxFeatures = 64;
 constexpr int64_t kMaxEvery = 1'000'000'000;  // log.interval, checkpoint.*_every, keep_last
+constexpr double kMaxGradBucketMb = 1 << 20;  // comm.grad_bucket_mb: 1 TiB, more than any drafter
 }  // namespace limits
 
 // Throws UserError for the first value out of range (see above).

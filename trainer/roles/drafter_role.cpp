@@ -19,6 +19,7 @@
 #include "trainer/metrics/profile.h"
 #include "trainer/model/target.h"
 #include "trainer/roles/eval_hooks.h"
+#include "trainer/roles/grad_reduce.h"
 #include "trainer/roles/preempt.h"
 #include "trainer/roles/roles.h"
 #include "trainer/roles/run_info.h"
@@ -112,6 +113,7 @@ struct DrafterTrainer::Impl {
   model::TargetEmbeddings emb;
   std::unique_ptr<model::Drafter> drafter;
   std::unique_ptr<optim::AdamW> opt;
+  std::unique_ptr<GradReducer> reducer;  // comm.grad_bucket_mb > 0 and D > 1 (grad_reduce.h)
   optim::LrSchedule sched;
   model::StepOptions sopt;
   std::unique_ptr<metrics::MetricsLog> mlog;
@@ -208,6 +210,18 @@ DrafterTrainer::DrafterTrainer(const RoleContext& ctx, int64_t drafter_index, in
   m.sopt.defer_metrics = true;  // read after the backward is queued (train_batch)
   const bool console_elsewhere = m.cfg.log.console_rank >= 0 && m.cfg.log.console_rank != world_rank;
   m.mlog = std::make_unique<metrics::MetricsLog>(m.cfg.run.dir, m.leader(), console_elsewhere);
+  if (m.ctx.comm && p.drafter_ranks > 1) {
+    const double mb = m.cfg.comm.grad_bucket_mb;
+    if (mb > 0) {
+      m.reducer = std::make_unique<GradReducer>(m.drafter->named_parameters(), *m.ctx.comm, *m.ctx.drafter_group,
+                                                bucket_cap_bytes(mb));
+      const size_t nb = m.reducer->num_buckets();
+      m.mlog->announce(fmt::format("drafter 0: gradients all-reduced in {} bucket{} of <= {:g} MiB during the backward "
+                                   "(comm.grad_bucket_mb)", nb, nb == 1 ? "" : "s", mb));
+    } else {
+      m.mlog->announce("drafter 0: gradients all-reduced in one call after the backward (comm.grad_bucket_mb=0)");
+    }
+  }
   int64_t n_params = 0;
   for (const auto& [n, t] : m.drafter->named_parameters()) n_params += t.numel();
   log::info("drafter {}: {} parameters ({} layers, block {}, target layers [{}]) ready in {:.1f} s; steps {}..{} of {}",
@@ -232,6 +246,9 @@ void DrafterTrainer::train_batch(const BatchMessage& b, int64_t ready, int64_t t
   model::DrafterBatch db = make_rows(ids, b.loss_mask, b.cu_seqlens, b.features, m.cfg.data.max_seq_len);
   db.global_batch_index = k;
   model::StepOutput out = m.drafter->forward(db, m.sopt);
+  const Schedule& walk = m.ctx.rank.schedule;
+  if (m.reducer && walk.closes_step(k, m.p.grad_accum))  // its hooks post the buckets during this backward
+    m.reducer->arm(walk.step_of(k, m.p.grad_accum) * m.p.batches_per_step);
   (out.loss / static_cast<double>(m.p.grad_accum)).backward();
   // The loss and metrics come back once the backward is queued (the device stays busy meanwhile);
   // a non-finite loss still stops the run before the optimizer touches the weights.
@@ -290,14 +307,21 @@ bool DrafterTrainer::finish_step(int64_t s) {
   m.marks.clear();
   if (comm::preemption_requested()) m.step[kStop] += 1;
   // Gradients: average over the drafter group (each rank's are already the mean over its
-  // grad_accum batches, so the result is the mean over the step's G batches).
+  // grad_accum batches, so the result is the mean over the step's G batches). Bucketed: most
+  // buckets were posted by the backward's hooks; the rest now, then every one is waited for
+  // (grad_reduce.h). comm.grad_bucket_mb = 0: one all-reduce of every gradient here.
   if (m.ctx.comm && p.drafter_ranks > 1) {
-    std::vector<at::Tensor> grads;
-    for (const auto& [n, t] : m.drafter->named_parameters()) {
-      if (!t.grad().defined()) t.mutable_grad() = at::zeros_like(t);
-      grads.push_back(t.grad());
+    if (m.reducer) {
+      if (!m.reducer->armed()) m.reducer->arm(s * p.batches_per_step);  // (never: train_batch armed it)
+      m.reducer->finish();
+    } else {
+      std::vector<at::Tensor> grads;
+      for (const auto& [n, t] : m.drafter->named_parameters()) {
+        if (!t.grad().defined()) t.mutable_grad() = at::zeros_like(t);
+        grads.push_back(t.grad());
+      }
+      m.ctx.comm->all_reduce(*m.ctx.drafter_group, grads, comm::ReduceOp::Average, s * p.batches_per_step);
     }
-    m.ctx.comm->all_reduce(*m.ctx.drafter_group, grads, comm::ReduceOp::Average, s * p.batches_per_step);
     const int64_t n_stats = static_cast<int64_t>(m.step.size());
     at::Tensor st = at::from_blob(m.step.data(), {n_stats}, at::kDouble).clone().to(m.ctx.comm->device());
     std::vector<at::Tensor> v = {st};

@@ -11,7 +11,8 @@
 //   the device (which would also wait for the NCCL sends blocked on a slow drafter).
 // Drafter loop (drafter index j of D): irecvs for its next data.prefetch batches are always
 //   posted; per optimizer step it trains its grad_accum batches (k = s*G + a*D + j), averages
-//   gradients over the drafter group, clips, steps AdamW, logs, writes states and exports. The
+//   gradients over the drafter group (in buckets, during the backward of the step's last batch:
+//   grad_reduce.h), clips, steps AdamW, logs, writes states and exports. The
 //   time spent waiting for a batch is the drafter's wait time (the targets are the bottleneck).
 //   Its times come from timeline marks on its stream, read when the step closes (no sync per
 //   batch): busy = forward + backward of each batch, then reduction + AdamW; wait = the gap
@@ -23,7 +24,8 @@
 //   step, or when their batches are sent).
 // Both sides know the exact batch count (plan.total_batches), so nobody waits for a batch that
 //   will never come; a failure on any rank ends every rank through comm's fail_fast.
-// Thread-safety: each function runs on main's thread of its rank.
+// Thread-safety: each function runs on main's thread of its rank (the gradient hooks of
+// grad_reduce.h on the autograd engine's thread, while main's thread is blocked in backward()).
 #pragma once
 
 #include <chrono>
