@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # GPU part of the comm layer (issue 2): the NCCL versions of the p2p / all-reduce / schedule
 # tests and the comm benchmark, under `mpirun -np 2` with one GPU per rank. About 1 minute;
+# with one GPU only the one-rank NCCL runs of test_comm_mpi and test_grad_reduce (the asynchronous
+# all-reduce and the drafter's hook-driven buckets on a real stream; the two-rank cases skip);
 # steps that would start after 70 s are skipped (the whole GPU run has a fixed budget).
-# targets: test_comm_mpi dflash_rank comm_bench
+# targets: test_comm_mpi test_grad_reduce dflash_rank comm_bench
 #
 #   bash bench/gpu/comm.sh BUILD_DIR OUT_DIR
 #
@@ -28,9 +30,21 @@ else
   ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 fi
 note "comm.sh: $(date -u +%FT%TZ) host $(hostname) GPUs $ngpu; NCCL_NVLS_ENABLE=$NCCL_NVLS_ENABLE"
+if [ "${ngpu:-0}" -eq 1 ]; then
+  for t in comm/test_comm_mpi roles/test_grad_reduce; do
+    n=$(basename "$t")
+    if DFLASH_TEST_BACKEND=nccl timeout 60 mpirun -np 1 "$BUILD/tests/$t" --gtest_color=no > "$OUT/comm_${n}_np1.log" 2>&1; then
+      note "PASS $n, one rank on NCCL ($(grep -E '^\[  (PASSED|SKIPPED) ' "$OUT/comm_${n}_np1.log" | tr '\n' ' '))"
+    else
+      note "FAIL $n, one rank on NCCL:"; tail -n 25 "$OUT/comm_${n}_np1.log" | sed 's/^/    /' | tee -a "$SUMMARY"
+      fails=$((fails + 1))
+    fi
+  done
+fi
 if [ "${ngpu:-0}" -lt 2 ]; then
-  note "SKIP everything: NCCL needs 2 visible GPUs for 2 ranks (it refuses two ranks on one GPU); run comm.sh as its own step of run_all.sh, not in a GPU pair"
-  exit 0
+  note "SKIP the two-rank steps: NCCL needs 2 visible GPUs for 2 ranks (it refuses two ranks on one GPU); run comm.sh as its own step of run_all.sh, not in a GPU pair"
+  note "comm.sh: $fails failure(s)"
+  [ $fails = 0 ]; exit
 fi
 
 T_START=$(date +%s)
@@ -53,6 +67,8 @@ step() {  # name expect(0|nonzero) timeout_s command...
 R=$BUILD/trainer/dflash_rank
 # 1. p2p (all dtypes, 0 B..256 MB, out-of-order waits), sub-group all-reduce, misuse, timeout
 step nccl_tests 0 45 env DFLASH_TEST_BACKEND=nccl mpirun -np 2 "$BUILD/tests/comm/test_comm_mpi"
+# 1b. the drafter's bucketed gradient all-reduce from autograd hooks against one all-reduce, bit for bit
+step nccl_grad_reduce 0 45 env DFLASH_TEST_BACKEND=nccl mpirun -np 2 "$BUILD/tests/roles/test_grad_reduce"
 # 2. the schedule (1 target -> 1 drafter), 200 batches verified bit-exactly, all-reduce each round
 step nccl_comm_check 0 25 mpirun -np 2 "$R" --comm-check 200 comm.backend=nccl
 grep -h "comm-check OK" "$OUT/comm_nccl_comm_check.log" 2>/dev/null | tee -a "$SUMMARY"
