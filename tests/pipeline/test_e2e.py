@@ -174,6 +174,12 @@ def test_overlapped_gradient_reduction_is_bit_identical(overlap_twins, case):
     last = f"step-{max(a):08d}"
     states = [open(os.path.join(d, "checkpoints", last, "optimizer.safetensors"), "rb").read() for d in (over, plain)]
     assert states[0] == states[1], "the final weights or AdamW moments differ"
+    # the per-rank files (the default CPU generator, seeded from run.seed and the rank) too
+    ranks = sorted(f for f in os.listdir(os.path.join(over, "checkpoints", last)) if f.startswith("rank-"))
+    assert ranks, os.listdir(os.path.join(over, "checkpoints", last))
+    for f in ranks:
+        a_, b_ = (open(os.path.join(d, "checkpoints", last, f), "rb").read() for d in (over, plain))
+        assert a_ == b_, f"{f} differs between two runs with the same seed"
 
 
 def kill_all(proc):

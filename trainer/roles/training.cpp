@@ -4,6 +4,7 @@
 #include <optional>
 #include <thread>
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -18,6 +19,7 @@
 #include "comm/watchdog.h"
 #include "core/error.h"
 #include "core/log.h"
+#include "core/random.h"
 #include "trainer/roles/eval_hooks.h"
 #include "trainer/roles/roles.h"
 #include "trainer/roles/run_dir.h"
@@ -102,6 +104,15 @@ int run_training(const Config& cfg, const roles::RankContext& ctx, bool resume) 
     if (threads <= 0)
       threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / std::max(1, ctx.id.local_world_size));
     at::set_num_threads(threads);
+  }
+  // The default CPU generator: nothing in training draws from it (initialisation, anchors and the
+  // data order have their own keyed streams), but torch seeds it differently in every process and a
+  // training state saves it per rank; seeded from (run.seed, rank), identical runs write identical
+  // states, and whatever might draw from it later repeats and resumes exactly.
+  {
+    at::Generator gen = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(gen.mutex());
+    gen.set_current_seed(splitmix64(splitmix64(static_cast<uint64_t>(cfg.run.seed)) ^ static_cast<uint64_t>(ctx.id.rank)));
   }
   int rc = kExitOk;
   // One store for the start-up of a launch without MPI (the agreement, then NCCL's rendezvous).
