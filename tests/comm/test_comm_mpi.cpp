@@ -20,6 +20,7 @@
 #include "core/error.h"
 #include "comm/identity.h"
 #include "comm/watchdog.h"
+#include "tests/mpi_test_main.h"
 
 using namespace dflash::comm;
 
@@ -311,25 +312,9 @@ TEST(CommMpi, TimeoutNamesPeerAndBatch) {
 }
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  int rc = 1;
-  try {
-    if (const char* b = std::getenv("DFLASH_TEST_BACKEND")) g_backend = b;
-    Identity id = detect();
-    if (g_backend == "nccl" && id.gpu < 0) {
-      std::printf("DFLASH_TEST_BACKEND=nccl but this rank sees no GPU\n");
-      finalize_mpi();
-      return 1;
-    }
-    auto comm = make_communicator(CommOptions{g_backend, 60, 60}, id);
-    comm->set_timeout(60);
-    g_comm = comm.get();
-    rc = RUN_ALL_TESTS();
-    comm->barrier();
-    g_comm = nullptr;
-  } catch (const std::exception& e) {
-    fail_fast(e);
-  }
-  finalize_mpi();
-  return rc;
+  if (const char* b = std::getenv("DFLASH_TEST_BACKEND")) g_backend = b;
+  return dflash::test::mpi_test_main(argc, argv, g_comm, [](const Identity& id) {
+    if (g_backend == "nccl" && id.gpu < 0) throw std::runtime_error("DFLASH_TEST_BACKEND=nccl but this rank sees no GPU");
+    return make_communicator(CommOptions{g_backend, 60, 60}, id);
+  });
 }

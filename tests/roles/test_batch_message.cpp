@@ -16,6 +16,7 @@
 #include "comm/watchdog.h"
 #include "core/error.h"
 #include "trainer/roles/batch_message.h"
+#include "tests/mpi_test_main.h"
 
 using namespace dflash;
 using namespace dflash::roles;
@@ -136,23 +137,9 @@ TEST(BatchMessage, MpiRoundTripBetweenTwoRanks) {
 }
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  int rc = 1;
-  try {
-    comm::Identity id = comm::detect();
-    std::unique_ptr<comm::Communicator> c;
-    if (id.world_size > 1) {
-      if (id.world_size != 2) throw std::runtime_error("test_batch_message: run it with 1 or 2 ranks");
-      c = comm::make_mpi_communicator(id, 60);
-      c->set_timeout(60);
-      g_comm = c.get();
-    }
-    rc = RUN_ALL_TESTS();
-    if (c) c->barrier();
-    g_comm = nullptr;
-  } catch (const std::exception& e) {
-    comm::fail_fast(e);
-  }
-  comm::finalize_mpi();
-  return rc;
+  return dflash::test::mpi_test_main(argc, argv, g_comm, [](const comm::Identity& id) -> std::unique_ptr<comm::Communicator> {
+    if (id.world_size == 1) return nullptr;
+    if (id.world_size != 2) throw std::runtime_error("test_batch_message: run it with 1 or 2 ranks");
+    return comm::make_mpi_communicator(id, 60);
+  });
 }

@@ -21,6 +21,7 @@
 #include "comm/watchdog.h"
 #include "core/error.h"
 #include "trainer/roles/grad_reduce.h"
+#include "tests/mpi_test_main.h"
 
 using namespace dflash;
 using roles::GradReducer;
@@ -157,23 +158,9 @@ TEST(GradReducer, ACommErrorInAHookComesOutOfBackward) {
 }
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  int rc = 1;
-  try {
-    if (const char* b = std::getenv("DFLASH_TEST_BACKEND")) g_backend = b;
-    comm::Identity id = comm::detect();
-    std::unique_ptr<comm::Communicator> c;
-    if (id.world_size > 1 || g_backend == "nccl") {
-      c = comm::make_communicator(comm::CommOptions{g_backend, 60, 60}, id);
-      c->set_timeout(60);
-      g_comm = c.get();
-    }
-    rc = RUN_ALL_TESTS();
-    if (c) c->barrier();
-    g_comm = nullptr;
-  } catch (const std::exception& e) {
-    comm::fail_fast(e);
-  }
-  comm::finalize_mpi();
-  return rc;
+  if (const char* b = std::getenv("DFLASH_TEST_BACKEND")) g_backend = b;
+  return dflash::test::mpi_test_main(argc, argv, g_comm, [](const comm::Identity& id) {
+    return id.world_size > 1 || g_backend == "nccl" ? comm::make_communicator(comm::CommOptions{g_backend, 60, 60}, id)
+                                                    : nullptr;
+  });
 }
