@@ -15,8 +15,10 @@
 // Earlier micro-batches of a step (train.grad_accum > 1) run their backward unarmed: the hooks
 // then do nothing and the gradients accumulate. Buckets are posted strictly in bucket order, so
 // every rank posts the same collectives in the same order whatever order its gradients were
-// ready in (communicator.h's ordering rule), and each element is reduced exactly as the one
-// all_reduce over every gradient after the backward would (comm.grad_bucket_mb = 0, the oracle).
+// ready in (communicator.h's ordering rule). Each element is the group mean, as with the one
+// all_reduce over every gradient after the backward (comm.grad_bucket_mb = 0, the oracle): bit for
+// bit with two ranks ((a + b) / 2 either way); with more, MPI and NCCL pick their algorithm by
+// message size, so a bucket's elements may be summed in another order (float rounding only).
 //
 // Threads: the autograd engine calls the hooks (on CPU the thread that called backward(); on a
 // GPU the engine's device thread, with the stream the backward runs on current) while the caller
