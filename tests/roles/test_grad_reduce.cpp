@@ -95,7 +95,16 @@ void expect_same_grads(const std::vector<std::pair<std::string, at::Tensor>>& a,
                        const std::vector<std::pair<std::string, at::Tensor>>& b) {
   for (size_t i = 0; i < a.size(); ++i) {
     ASSERT_TRUE(a[i].second.grad().defined()) << a[i].first;
-    EXPECT_TRUE(at::equal(a[i].second.grad().cpu(), b[i].second.grad().cpu())) << a[i].first;
+    const at::Tensor x = a[i].second.grad().cpu(), y = b[i].second.grad().cpu();
+    if (g_comm->world_size() <= 2) {
+      // (a + b) / 2 in any order: bit for bit
+      EXPECT_TRUE(at::equal(x, y)) << a[i].first;
+    } else {
+      // with 3+ ranks the backend picks its algorithm by message size, so a bucket may be summed
+      // in another order: fp32 rounding of a sum of world_size terms (relative 2^-24 per add), far
+      // below what a wrong divisor or a missing rank would change (>= 1/world_size of the mean)
+      EXPECT_TRUE(at::allclose(x, y, /*rtol=*/1e-5, /*atol=*/1e-7)) << a[i].first << ": " << (x - y).abs().max().item<float>();
+    }
   }
 }
 
