@@ -14,8 +14,8 @@
 #include <gtest/gtest.h>
 
 #include "comm/communicator.h"
-#include "comm/watchdog.h"
 #include "comm/identity.h"
+#include "comm/watchdog.h"
 
 namespace dflash::test {
 

@@ -312,8 +312,7 @@ bool DrafterTrainer::finish_step(int64_t s) {
   // (grad_reduce.h). comm.grad_bucket_mb = 0: one all-reduce of every gradient here.
   if (m.ctx.comm && p.drafter_ranks > 1) {
     if (m.reducer) {
-      if (!m.reducer->armed()) m.reducer->arm(s * p.batches_per_step);  // (never: train_batch armed it)
-      m.reducer->finish();
+      m.reducer->finish();  // armed by train_batch for the batch that closed this step
     } else {
       std::vector<at::Tensor> grads;
       for (const auto& [n, t] : m.drafter->named_parameters()) {
