@@ -15,32 +15,36 @@
 namespace dflash::attention::dev {
 
 // The key tiles of one 64-row query tile (its metadata record, kernel.h): the context range, then
-// the own-block range, in 64-key steps.
-struct KeyWalk {
+// the own-block range, in steps of KR keys (64: every kernel but forward variant 13, which walks
+// 128-key tiles; a tile reaching past its range is masked there).
+template <int KR>
+struct KeyWalkN {
   int4 tq;
   int n1, ntiles;
-  __device__ __forceinline__ explicit KeyWalk(int4 r) : tq(r) {
-    n1 = tq.y > tq.x ? (tq.y - tq.x + kTileK - 1) / kTileK : 0;
-    const int n2 = tq.w > tq.z ? (tq.w - tq.z + kTileK - 1) / kTileK : 0;
+  __device__ __forceinline__ explicit KeyWalkN(int4 r) : tq(r) {
+    n1 = tq.y > tq.x ? (tq.y - tq.x + KR - 1) / KR : 0;
+    const int n2 = tq.w > tq.z ? (tq.w - tq.z + KR - 1) / KR : 0;
     ntiles = n1 + n2;
   }
-  __device__ __forceinline__ int start(int t) const { return t < n1 ? tq.x + t * kTileK : tq.z + (t - n1) * kTileK; }
+  __device__ __forceinline__ int start(int t) const { return t < n1 ? tq.x + t * KR : tq.z + (t - n1) * KR; }
   __device__ __forceinline__ bool ctx(int t) const { return t < n1; }
 };
+using KeyWalk = KeyWalkN<kTileK>;
 
-// S of a 64-key tile at n0 of the context (ctx) or block region, as a wgmma m64n64 accumulator
-// (this thread: rows A and B = g and g + 8 of its warp, metadata rowA and rowB; keys
-// n0 + 8j + 2*t4 + e): set to -inf where the key is not visible. A warp whose rows all see the
+// S of a tile of 8J keys (J = 8: 64) at n0 of the context (ctx) or block region, as a wgmma
+// m64n(8J) accumulator (this thread: rows A and B = g and g + 8 of its warp, metadata rowA and rowB;
+// keys n0 + 8j + 2*t4 + e): set to -inf where the key is not visible. A warp whose rows all see the
 // whole tile (the common case with sorted blocks) skips the test.
-__device__ __forceinline__ void mask_tile(float (&s)[8][4], int n0, bool ctx, const int4& rowA,
+template <int J>
+__device__ __forceinline__ void mask_tile(float (&s)[J][4], int n0, bool ctx, const int4& rowA,
                                           const int4& rowB, int t4) {
-  const bool full = ctx && n0 >= rowA.x && n0 + kTileK <= rowA.y && n0 >= rowB.x &&
-                    n0 + kTileK <= rowB.y;
+  const bool full = ctx && n0 >= rowA.x && n0 + 8 * J <= rowA.y && n0 >= rowB.x &&
+                    n0 + 8 * J <= rowB.y;
   if (__all_sync(0xffffffffu, full)) return;
   const int lo_a = ctx ? rowA.x : rowA.z, hi_a = ctx ? rowA.y : rowA.w;
   const int lo_b = ctx ? rowB.x : rowB.z, hi_b = ctx ? rowB.y : rowB.w;
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
+  for (int j = 0; j < J; ++j) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const int key = n0 + j * 8 + 2 * t4 + e;
@@ -50,7 +54,7 @@ __device__ __forceinline__ void mask_tile(float (&s)[8][4], int n0, bool ctx, co
   }
 }
 
-// The forward's online softmax (base 2) over one 64-key tile of S (masked): the running maxima m
+// The forward's online softmax (base 2) over one tile of 8J keys of S (masked; J = 8: 64 keys): the running maxima m
 // and sums l of rows A and B updated, P = exp2(S * sl2 - m * sl2) as bf16 A fragments in pn, and the
 // factors c by which O must be rescaled (exactly 1 where the maximum did not change: an FFMA of
 // m*sl2 - u would leave a rounding residual there). Returns whether O can be left as is.
@@ -63,11 +67,12 @@ __device__ __forceinline__ void mask_tile(float (&s)[8][4], int n0, bool ctx, co
 // exact step: every row's m becomes its maximum. slack = 0 is the exact-maximum softmax (O rescaled
 // whenever a maximum grows). With maxima that keep growing along the keys (causal attention under
 // RoPE: the nearest keys score highest) the stale maxima save most tiles' rescale.
-__device__ __forceinline__ bool softmax_step(float (&s)[8][4], float& mA, float& mB, float& lA, float& lB, float sl2,
-                                             float slack, uint32_t (&pn)[4][4], float& cA, float& cB) {
+template <int J>
+__device__ __forceinline__ bool softmax_step(float (&s)[J][4], float& mA, float& mB, float& lA, float& lB, float sl2,
+                                             float slack, uint32_t (&pn)[J / 2][4], float& cA, float& cB) {
   float mxA = mA, mxB = mB;
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
+  for (int j = 0; j < J; ++j) {
     mxA = fmaxf(mxA, fmaxf(s[j][0], s[j][1]));
     mxB = fmaxf(mxB, fmaxf(s[j][2], s[j][3]));
   }
@@ -91,7 +96,7 @@ __device__ __forceinline__ bool softmax_step(float (&s)[8][4], float& mA, float&
   lA *= cA;
   lB *= cB;
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
+  for (int j = 0; j < J; ++j) {
     s[j][0] = ex2(s[j][0] * sl2 - uA);
     s[j][1] = ex2(s[j][1] * sl2 - uA);
     s[j][2] = ex2(s[j][2] * sl2 - uB);
@@ -100,7 +105,7 @@ __device__ __forceinline__ bool softmax_step(float (&s)[8][4], float& mA, float&
     lB += s[j][2] + s[j][3];
   }
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) acc_to_a(s[2 * kk], s[2 * kk + 1], pn[kk]);
+  for (int kk = 0; kk < J / 2; ++kk) acc_to_a(s[2 * kk], s[2 * kk + 1], pn[kk]);
   return keep;
 }
 

@@ -61,11 +61,16 @@ __device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map
       : "memory");
 #endif
 }
-// Rows [r0, r0 + 64) of matrix (c2, c3) of a (D, rows, c2, c3) map into a 64-row swz_w tile.
-template <int D>
+// Rows [r0, r0 + R) of matrix (c2, c3) of a (D, rows, c2, c3) map into an R-row swz_w tile (R a
+// multiple of 64: the map's boxes are 64 x 64; box h of column block c lands at c * R * 128 + h * 8192,
+// where swz_w<R> puts row 64h, and the 128-byte swizzle repeats every 8 rows).
+template <int D, int R = 64>
 __device__ __forceinline__ void tma_tile(uint32_t dst, const CUtensorMap* map, int r0, int c2, int c3, uint32_t bar) {
 #pragma unroll
-  for (int c = 0; c < D / 64; ++c) tma_load_4d(dst + c * (64 * 128), map, c * 64, r0, c2, c3, bar);
+  for (int c = 0; c < D / 64; ++c)
+#pragma unroll
+    for (int h = 0; h < R / 64; ++h)
+      tma_load_4d(dst + c * (R * 128) + h * (64 * 128), map, c * 64, r0 + 64 * h, c2, c3, bar);
 }
 __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.u32 [%0], %1;" ::"r"(addr), "r"(v) : "memory");

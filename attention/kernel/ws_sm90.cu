@@ -45,35 +45,36 @@ struct WsMaps {
 };
 
 // Shared memory: NQ per-head tiles (Q for 2 heads; dQ pass: Q and dO for 2 heads), then the ring
-// (K, V per stage; ST stages), then the mbarriers full[ST] and one for the per-head tiles, then the
-// per-stage release counters.
-template <int D, int NQ, int ST = kStages>
+// (K, V per stage, KR keys each; ST stages), then the mbarriers full[ST] and one for the per-head
+// tiles, then the per-stage release counters.
+template <int D, int NQ, int ST = kStages, int KR = kTileK>
 struct WsSmem {
-  static constexpr int kTile = kTileQ * D * 2;  // == kTileK * D * 2
+  static constexpr int kTile = kTileQ * D * 2;  // a per-head tile
+  static constexpr int kKV = KR * D * 2;        // a K or V tile of the ring
   static constexpr int kRing = NQ * kTile;
-  static constexpr int kBars = kRing + 2 * ST * kTile;
+  static constexpr int kBars = kRing + 2 * ST * kKV;
   static constexpr int kCounts = kBars + 8 * (ST + 1);
   static constexpr int kBytes = 1024 + kCounts + 4 * ST;
   static_assert(kBytes <= 227 * 1024, "ring does not fit in shared memory");
 };
 
 // K and V of key tile t (first key n0) into ring buffer t % ST (one thread).
-template <int D, int NQ, int ST>
+template <int D, int NQ, int ST, int KR = kTileK>
 __device__ __forceinline__ void load_kv(const WsMaps& maps, uint32_t base, int t, int n0, int hk, int b) {
-  using S = WsSmem<D, NQ, ST>;
+  using S = WsSmem<D, NQ, ST, KR>;
   const int st = t % ST;
-  const uint32_t full = base + S::kBars + 8 * st, sK = base + S::kRing + 2 * st * S::kTile;
-  mbar_arrive_expect_tx(full, 2 * S::kTile);
-  tma_tile<D>(sK, &maps.k, n0, hk, b, full);
-  tma_tile<D>(sK + S::kTile, &maps.v, n0, hk, b, full);
+  const uint32_t full = base + S::kBars + 8 * st, sK = base + S::kRing + 2 * st * S::kKV;
+  mbar_arrive_expect_tx(full, 2 * S::kKV);
+  tma_tile<D, KR>(sK, &maps.k, n0, hk, b, full);
+  tma_tile<D, KR>(sK + S::kKV, &maps.v, n0, hk, b, full);
 }
 
 // Thread 0, at the start: the barriers; the per-head tiles (NQ: Q of heads h0, h0 + 1, then dO of
 // both) on the last barrier; the first ST key tiles.
-template <int D, int NQ, int ST = kStages>
+template <int D, int NQ, int ST = kStages, int KR = kTileK>
 __device__ __forceinline__ void ws_start(const WsMaps& maps, uint32_t base, int tid, int m0, int h0, int hk, int b,
-                                         const KeyWalk& walk) {
-  using S = WsSmem<D, NQ, ST>;
+                                         const KeyWalkN<KR>& walk) {
+  using S = WsSmem<D, NQ, ST, KR>;
   const uint32_t bars = base + S::kBars, qbar = bars + 8 * ST;
   if (tid == 0) {
     for (int i = 0; i < ST; ++i) mbar_init(bars + 8 * i, 1);  // the loader's expect_tx
@@ -84,24 +85,24 @@ __device__ __forceinline__ void ws_start(const WsMaps& maps, uint32_t base, int 
 #pragma unroll
     for (int i = 0; i < NQ; ++i)
       tma_tile<D>(base + i * S::kTile, i < 2 ? &maps.q : &maps.dout, m0, h0 + (i & 1), b, qbar);
-    for (int t = 0; t < ST && t < walk.ntiles; ++t) load_kv<D, NQ, ST>(maps, base, t, walk.start(t), hk, b);
+    for (int t = 0; t < ST && t < walk.ntiles; ++t) load_kv<D, NQ, ST, KR>(maps, base, t, walk.start(t), hk, b);
   }
   __syncthreads();
 }
 
 // This warp is done with key tile t's buffer (every read of it retired). The 8th warp to say so
 // refills the buffer with tile t + ST.
-template <int D, int NQ, int ST = kStages>
+template <int D, int NQ, int ST = kStages, int KR = kTileK>
 __device__ __forceinline__ void ws_release(const WsMaps& maps, uint32_t base, int lane, int t, int hk, int b,
-                                           const KeyWalk& walk) {
-  using S = WsSmem<D, NQ, ST>;
+                                           const KeyWalkN<KR>& walk) {
+  using S = WsSmem<D, NQ, ST, KR>;
   if (lane == 0) {
     const uint32_t cnt = base + S::kCounts + 4 * (t % ST);
     if (atom_add_acq_rel_shared(cnt, 1) == 7) {
       st_shared_u32(cnt, 0);
       if (t + ST < walk.ntiles) {
         fence_proxy_async();
-        load_kv<D, NQ, ST>(maps, base, t + ST, walk.start(t + ST), hk, b);
+        load_kv<D, NQ, ST, KR>(maps, base, t + ST, walk.start(t + ST), hk, b);
       }
     }
   }
@@ -213,6 +214,92 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_ws_kernel(const AttnPa
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) wgmma_rs_nd_tb<D>(o, pa[kk], desc_mn<kTileK>(sK(ntiles - 1) + S::kTile, kk));
+    wg_commit();
+    wg_wait<0>();
+    reg_fence(o);
+    reg_fence_a(pa);
+  }
+
+  store_fwd_rows<D>(p, b, c.h, c.ra, t4, o, mA, mB, lA, lB, sl2);
+#endif
+}
+
+// Forward variant 13: variant 7 on 128-key tiles. Each warpgroup's step covers 128 keys: S is eight
+// m64n128 products (Q in registers, K from a 128-row ring tile), one online-softmax step (row maxima,
+// the keep-or-rescale decision, the buffer's mbarrier wait and release) per 128 keys instead of per
+// 64, and P V eight m64nD k-steps over the tile. Half the per-tile fixed work and wgmma waits of
+// variant 7 for the same products, at ~30 more registers (S 64, P 32). The ring holds three stages of
+// 128 keys (64 KB each at d = 128: 224 KB with Q). The key walk is in 128-key steps, so a region
+// whose length is not a multiple of 128 ends in a partly masked tile (the DFlash block region: one
+// 64-key tile's worth per query tile, against hundreds of context tiles at the long shape).
+// Not bit-identical to variant 7 (the running maxima advance per 128 keys, so P is rounded at other
+// scales); within rounding of it (KernelForward128Keys) and of the fp32 reference.
+constexpr int kStages128 = 3;
+constexpr int kKeys128 = 128;
+
+template <int D>
+__global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_ws128_kernel(const AttnParams p, const __grid_constant__ WsMaps maps) {
+#ifdef DFLASH_WGMMA
+  constexpr int ST = kStages128, KR = kKeys128, J = KR / 8;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  using S = WsSmem<D, 2, ST, KR>;
+  const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
+  const WsCta c(p);
+  const int lane = c.lane, wg = c.wg, w = c.w, t4 = c.t4, hk = c.hk, b = c.b;
+  const KeyWalkN<KR> walk(c.walk.tq);
+  const int ntiles = walk.ntiles;
+  const uint32_t bars = base + S::kBars;
+  ws_start<D, 2, ST, KR>(maps, base, threadIdx.x, c.m0, c.h0, hk, b, walk);
+
+  const uint32_t sQ = base + wg * S::kTile;
+  auto sK = [&](int t) { return base + S::kRing + 2 * (t % ST) * S::kKV; };
+  const float sl2 = p.scale * kLog2e;
+  float o[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float mA = -INFINITY, mB = -INFINITY, lA = 0.f, lB = 0.f;
+  uint32_t pa[J / 2][4];  // P(t - 1), A operand of P(t-1) V(t-1); P(t) once that product has retired
+  uint32_t qa[D / 16][4];
+  mbar_wait(bars + 8 * ST, 0);  // Q has landed
+  __syncwarp();  // converged before register operands are loaded (variant 7)
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks) load_a_w<kTileQ>(sQ, w, ks, lane, qa[ks]);
+
+  // Iteration t issues S(t) and P(t-1) V(t-1), waits for both (ptxas places the wait at the top of
+  // the softmax's block in any case, NOTES v6), releases tile t-1 and runs tile t's softmax, which
+  // writes P(t) into the registers P(t-1) V(t-1) has finished reading.
+  for (int t = 0; t < ntiles; ++t) {
+    const uint32_t k_t = sK(t);
+    mbar_wait(bars + 8 * (t % ST), (t / ST) & 1);
+    const int n0 = walk.start(t);
+    const bool ctx = walk.ctx(t);
+    float s[J][4];
+    wg_fence();
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks) wgmma_rs_n128_kb(s, qa[ks], desc_k<KR>(k_t, ks), ks > 0);
+    wg_commit();
+    if (t > 0) {
+      reg_fence(o);
+#pragma unroll
+      for (int kk = 0; kk < J / 2; ++kk) wgmma_rs_nd_tb<D>(o, pa[kk], desc_mn<KR>(sK(t - 1) + S::kKV, kk));
+      wg_commit();
+    }
+    wg_wait<0>();
+    reg_fence(s);
+    reg_fence(o);
+    reg_fence_a(pa);
+    if (t > 0) ws_release<D, 2, ST, KR>(maps, base, lane, t - 1, hk, b, walk);
+
+    mask_tile(s, n0, ctx, c.rowA, c.rowB, t4);
+    float cA, cB;
+    const bool keep_o = softmax_step(s, mA, mB, lA, lB, sl2, p.rescale_slack, pa, cA, cB);
+    if (!keep_o) scale_rows(o, cA, cB);
+  }
+  if (ntiles > 0) {
+    reg_fence(o);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < J / 2; ++kk) wgmma_rs_nd_tb<D>(o, pa[kk], desc_mn<KR>(sK(ntiles - 1) + S::kKV, kk));
     wg_commit();
     wg_wait<0>();
     reg_fence(o);
@@ -407,6 +494,11 @@ bool launch_fwd_ws(const AttnParams& p, int variant, void* stream) {
   if (!ws_maps(p, false, &maps)) return false;
   auto s = static_cast<cudaStream_t>(stream);
   const char* what = "attention forward (two heads per CTA)";
+  if (variant == 13) {
+    if (p.d == 128) launch(attn_fwd_ws128_kernel<128>, WsSmem<128, 2, kStages128, kKeys128>::kBytes, p, maps, s, what);
+    else launch(attn_fwd_ws128_kernel<64>, WsSmem<64, 2, kStages128, kKeys128>::kBytes, p, maps, s, what);
+    return true;
+  }
   const bool pingpong = variant == 8;
   if (p.d == 128) {
     pingpong ? launch(attn_fwd_ws_kernel<128, true>, WsSmem<128, 2>::kBytes, p, maps, s, what)

@@ -396,6 +396,52 @@ TEST(KernelRescaleSlack, StaleMaximaEqualExactUpToRounding) {
 #endif
 }
 
+// Forward variant 13 (128-key tiles, ws_sm90.cu) against variant 7 (64-key tiles): the running maxima
+// advance per 128 keys instead of per 64, so P is rounded at other scales; O, LSE and the gradients
+// (the backward reads the forward's LSE) agree up to that rounding, with the bounds and reasons of
+// KernelRescaleSlack. The cases cover a ragged last query tile with unsorted anchors and d = 64, query
+// tiles that see no key, packed documents, peaked scores (exact rescale steps) and context lengths
+// that are not multiples of 128 (partly masked last tiles). The two-head kernel must have run.
+TEST(KernelForward128Keys, EqualsVariant7UpToRounding) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device or kernel not built";
+#if DFLASH_ATTENTION_KERNEL
+  for (const Case& c : {Case{"d128", 2, 8, 2, 40, 16, 700, 128, 2, true, 0.1, false},
+                        Case{"d64_unsorted", 1, 4, 2, 23, 16, 333, 64, 1, false, 0.1, false},
+                        Case{"d128_dropped_row", 2, 4, 2, 9, 16, 130, 128, 1, true, 0.0, true},
+                        Case{"packed_docs", 1, 4, 1, 24, 16, 300, 128, 3, true, 0.1, false},
+                        Case{"peaked", 2, 4, 2, 24, 16, 700, 128, 1, true, 0.05, false, 8.f}}) {
+    std::mt19937 rng(21 + c.d);
+    at::manual_seed(31 + c.d);
+    const at::Device dev(at::kCUDA, 0);
+    const MaskSpec spec = make_spec(c, rng);
+    auto [q, k, v, dout] = random_qkv_dout(c, dev);
+    const Prepared prep = kernel_prepared(spec, dev);
+    auto run = [&](const char* fwd, at::Tensor* lse) {
+      const ScopedEnv e("DFLASH_ATTN_FWD_VARIANT", fwd);
+      return kernel_raw(q, k, v, prep.kernel_meta, dout, lse);
+    };
+    at::Tensor l7, l13;
+    const Grads g7 = run("7", &l7);
+    const int64_t ws_before = ws_launch_count();
+    const Grads g13 = run("13", &l13);
+    EXPECT_GE(ws_launch_count() - ws_before, 1) << c.name << ": the 128-key kernel did not run (its fallback did)";
+    const char* names[4] = {"O", "dQ", "dK", "dV"};
+    const at::Tensor* a[4] = {&g13.o, &g13.dq, &g13.dk, &g13.dv};
+    const at::Tensor* b[4] = {&g7.o, &g7.dq, &g7.dk, &g7.dv};
+    for (int i = 0; i < 4; ++i) {
+      ASSERT_FALSE(has_nan(*a[i])) << c.name << ": NaN (or unwritten element) in " << names[i] << " with variant 13";
+      const double e = rel_err(*a[i], *b[i]);
+      std::printf("[fwd 13 %s] %s: variant 13 vs 7 rel %.3e\n", c.name, names[i], e);
+      EXPECT_LE(e, 1e-2) << c.name << ": " << names[i];
+    }
+    EXPECT_TRUE(at::equal(at::isfinite(l13), at::isfinite(l7))) << c.name;
+    const double le = (l13 - l7).masked_fill(at::isfinite(l7).logical_not(), 0).abs().max().item<double>();
+    std::printf("[fwd 13 %s] LSE: max abs diff %.3e\n", c.name, le);
+    EXPECT_LE(le, 1e-4) << c.name << ": LSE";
+  }
+#endif
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Shapes, KernelVsReference,
     ::testing::Values(
