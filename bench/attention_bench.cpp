@@ -135,7 +135,7 @@ void time_variants(const Shape& s, const Prepared& prep, const at::Tensor& q, co
   p.delta = delta.data_ptr<float>();
   void* stream = nullptr;  // legacy default stream, same as the events
   const double unit = fwd_flop / 2;  // FLOP of one (q,k) matmul pass over the visible pairs
-  for (const char* var : {"1", "2", "3", "4", "5", "7", "8", "13", "14", "15"}) {
+  for (const char* var : {"1", "2", "3", "4", "5", "7", "8", "13"}) {
     setenv("DFLASH_ATTN_FWD_VARIANT", var, 1);
     const double ms = median_ms([&] { launch_attn_fwd(p, stream); }, iters);
     std::printf("[%s] fwd variant %s: %.2f ms, %.0f TFLOP/s (2 matmuls)\n", s.name.c_str(), var, ms,

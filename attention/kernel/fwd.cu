@@ -33,13 +33,12 @@ constexpr int kThreads = 128;
 // as a register operand of S (fwd_sm90.cu); 7 (default): variant 5's schedule with two query heads
 // per CTA sharing a TMA K/V ring, 8: the same with ping-pong between the two warpgroups (ws_sm90.cu;
 // 7 and 8 run 5 where the heads cannot be paired or TMA cannot describe the tensors), 13: variant 7
-// on 128-key tiles (ws_sm90.cu; within rounding of 7, KernelForward128Keys); 14 and 15: 7 and 13 with
-// the query tiles as the grid's slowest dimension (longest walks first over the whole launch). 4 to 8 are
+// on 128-key tiles (ws_sm90.cu; within rounding of 7, KernelForward128Keys). 4 to 8 are
 // bit-identical (KernelForwardVariants); all fall back to 3 where wgmma is unavailable; measured in
 // kernel/NOTES.md. Read at each launch.
 int fwd_variant() {
-  static constexpr int kAllowed[] = {1, 2, 3, 4, 5, 7, 8, 13, 14, 15};
-  return kernel_variant_from_env("DFLASH_ATTN_FWD_VARIANT", kAllowed, 10, 7);
+  static constexpr int kAllowed[] = {1, 2, 3, 4, 5, 7, 8, 13};
+  return kernel_variant_from_env("DFLASH_ATTN_FWD_VARIANT", kAllowed, 8, 7);
 }
 
 // The Hopper forwards' rescale slack in log2 units (DFLASH_ATTN_RESCALE_SLACK = 8, the default, or
@@ -280,7 +279,7 @@ void run_fwd_variant(const AttnParams& p, cudaStream_t s) {
     case 3: run_fwd<D, 2, 64>(p, s); break;
     default:
       if (!wgmma_supported()) run_fwd<D, 2, 64>(p, s);
-      else if (!((variant == 7 || variant == 8 || variant >= 13) && launch_fwd_ws(p, variant, s)))
+      else if (!((variant == 7 || variant == 8 || variant == 13) && launch_fwd_ws(p, variant, s)))
         launch_fwd_wgmma(p, variant != 4, s);
       break;
   }

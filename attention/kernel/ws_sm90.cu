@@ -109,25 +109,23 @@ __device__ __forceinline__ void ws_release(const WsMaps& maps, uint32_t base, in
   __syncwarp();
 }
 
-// A ring kernel's coordinates: the query tile (heavy, late-anchor tiles first when sorted; QM: the
-// grid is (head pairs, B, query tiles), so that the blocks run every head's heavy tiles before any
-// light one, longest first over the whole launch, instead of per head pair), the
+// A ring kernel's coordinates: the query tile (heavy, late-anchor tiles first when sorted), the
 // pair of query heads h0, h0 + 1 and their KV head, the tile's key walk; this thread's warpgroup wg
 // (head h = h0 + wg), its warp w there, and its rows ra and ra + 8 with their metadata records.
 struct WsCta {
   int lane, wg, w, t4, qt, h0, h, hk, b, m0, ra;
   int4 rowA, rowB;
   KeyWalk walk;
-  __device__ __forceinline__ explicit WsCta(const AttnParams& p, bool qm = false)
+  __device__ __forceinline__ explicit WsCta(const AttnParams& p)
       : lane(threadIdx.x & 31),
         wg(threadIdx.x >> 7),
         w((threadIdx.x >> 5) & 3),
         t4(lane & 3),
-        qt(p.meta.nqt - 1 - (int)(qm ? blockIdx.z : blockIdx.x)),
-        h0(2 * (qm ? blockIdx.x : blockIdx.y)),
+        qt(p.meta.nqt - 1 - (int)blockIdx.x),
+        h0(2 * blockIdx.y),
         h(h0 + wg),
         hk(h0 / (p.Hq / p.Hkv)),
-        b(qm ? blockIdx.y : blockIdx.z),
+        b(blockIdx.z),
         m0(qt * kTileQ),
         ra(m0 + w * 16 + (lane >> 2)),
         walk(reinterpret_cast<const int4*>(p.meta.qtiles)[(int64_t)b * p.meta.nqt + qt]) {
@@ -137,13 +135,13 @@ struct WsCta {
   }
 };
 
-template <int D, bool PINGPONG, bool QM = false>
+template <int D, bool PINGPONG>
 __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_ws_kernel(const AttnParams p, const __grid_constant__ WsMaps maps) {
 #ifdef DFLASH_WGMMA
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   using S = WsSmem<D, 2>;
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
-  const WsCta c(p, QM);
+  const WsCta c(p);
   const int lane = c.lane, wg = c.wg, w = c.w, t4 = c.t4, hk = c.hk, b = c.b;
   const KeyWalk& walk = c.walk;
   const int ntiles = walk.ntiles;
@@ -239,14 +237,14 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_ws_kernel(const AttnPa
 constexpr int kStages128 = 3;
 constexpr int kKeys128 = 128;
 
-template <int D, bool QM = false>
+template <int D>
 __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_ws128_kernel(const AttnParams p, const __grid_constant__ WsMaps maps) {
 #ifdef DFLASH_WGMMA
   constexpr int ST = kStages128, KR = kKeys128, J = KR / 8;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   using S = WsSmem<D, 2, ST, KR>;
   const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
-  const WsCta c(p, QM);
+  const WsCta c(p);
   const int lane = c.lane, wg = c.wg, w = c.w, t4 = c.t4, hk = c.hk, b = c.b;
   const KeyWalkN<KR> walk(c.walk.tq);
   const int ntiles = walk.ntiles;
@@ -480,11 +478,9 @@ bool ws_maps(const AttnParams& p, bool dq_pass, WsMaps* maps) {
 std::atomic<int64_t> g_ws_launches{0};
 
 template <typename Kern>
-void launch(Kern kern, int smem, const AttnParams& p, const WsMaps& maps, cudaStream_t s, const char* what,
-            bool qm = false) {
+void launch(Kern kern, int smem, const AttnParams& p, const WsMaps& maps, cudaStream_t s, const char* what) {
   cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  const dim3 grid = qm ? dim3(p.Hq / 2, p.B, p.meta.nqt) : dim3(p.meta.nqt, p.Hq / 2, p.B);
-  kern<<<grid, kWsThreads, smem, s>>>(p, maps);
+  kern<<<dim3(p.meta.nqt, p.Hq / 2, p.B), kWsThreads, smem, s>>>(p, maps);
   DFLASH_CHECK_LAUNCH(what);
   g_ws_launches.fetch_add(1, std::memory_order_relaxed);
 }
@@ -498,20 +494,9 @@ bool launch_fwd_ws(const AttnParams& p, int variant, void* stream) {
   if (!ws_maps(p, false, &maps)) return false;
   auto s = static_cast<cudaStream_t>(stream);
   const char* what = "attention forward (two heads per CTA)";
-  constexpr int smem128 = WsSmem<128, 2, kStages128, kKeys128>::kBytes, smem64 = WsSmem<64, 2, kStages128, kKeys128>::kBytes;
   if (variant == 13) {
-    p.d == 128 ? launch(attn_fwd_ws128_kernel<128>, smem128, p, maps, s, what)
-               : launch(attn_fwd_ws128_kernel<64>, smem64, p, maps, s, what);
-    return true;
-  }
-  if (variant == 15) {  // 13 with the query-tile-major grid
-    p.d == 128 ? launch(attn_fwd_ws128_kernel<128, true>, smem128, p, maps, s, what, true)
-               : launch(attn_fwd_ws128_kernel<64, true>, smem64, p, maps, s, what, true);
-    return true;
-  }
-  if (variant == 14) {  // 7 with the query-tile-major grid
-    p.d == 128 ? launch(attn_fwd_ws_kernel<128, false, true>, WsSmem<128, 2>::kBytes, p, maps, s, what, true)
-               : launch(attn_fwd_ws_kernel<64, false, true>, WsSmem<64, 2>::kBytes, p, maps, s, what, true);
+    if (p.d == 128) launch(attn_fwd_ws128_kernel<128>, WsSmem<128, 2, kStages128, kKeys128>::kBytes, p, maps, s, what);
+    else launch(attn_fwd_ws128_kernel<64>, WsSmem<64, 2, kStages128, kKeys128>::kBytes, p, maps, s, what);
     return true;
   }
   const bool pingpong = variant == 8;
