@@ -136,6 +136,19 @@ struct WsCta {
   }
 };
 
+// The last tile's P V (V at v, KR keys), retired: the forward's final product.
+template <int D, int KR>
+__device__ __forceinline__ void fwd_last_pv(float (&o)[D / 8][4], uint32_t (&pa)[KR / 16][4], uint32_t v) {
+  reg_fence(o);
+  wg_fence();
+#pragma unroll
+  for (int kk = 0; kk < KR / 16; ++kk) wgmma_rs_nd_tb<D>(o, pa[kk], desc_mn<KR>(v, kk));
+  wg_commit();
+  wg_wait<0>();
+  reg_fence(o);
+  reg_fence_a(pa);
+}
+
 template <int D, bool PINGPONG>
 __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_ws_kernel(const AttnParams p, const __grid_constant__ WsMaps maps) {
 #ifdef DFLASH_WGMMA
@@ -210,16 +223,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_ws_kernel(const AttnPa
       for (int r = 0; r < 4; ++r) pa[kk][r] = pn[kk][r];
   }
   if (PINGPONG && wg == 0 && ntiles > 0) named_sync(1, kWsThreads);  // warpgroup 1's last arrival
-  if (ntiles > 0) {
-    reg_fence(o);
-    wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) wgmma_rs_nd_tb<D>(o, pa[kk], desc_mn<kTileK>(sK(ntiles - 1) + S::kTile, kk));
-    wg_commit();
-    wg_wait<0>();
-    reg_fence(o);
-    reg_fence_a(pa);
-  }
+  if (ntiles > 0) fwd_last_pv<D, kTileK>(o, pa, sK(ntiles - 1) + S::kTile);
 
   store_fwd_rows<D>(p, b, c.h, c.ra, t4, o, mA, mB, lA, lB, sl2);
 #endif
@@ -296,16 +300,7 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_ws128_kernel(const Att
     const bool keep_o = softmax_step(s, mA, mB, lA, lB, sl2, p.rescale_slack, pa, cA, cB);
     if (!keep_o) scale_rows(o, cA, cB);
   }
-  if (ntiles > 0) {
-    reg_fence(o);
-    wg_fence();
-#pragma unroll
-    for (int kk = 0; kk < J / 2; ++kk) wgmma_rs_nd_tb<D>(o, pa[kk], desc_mn<KR>(sK(ntiles - 1) + S::kKV, kk));
-    wg_commit();
-    wg_wait<0>();
-    reg_fence(o);
-    reg_fence_a(pa);
-  }
+  if (ntiles > 0) fwd_last_pv<D, KR>(o, pa, sK(ntiles - 1) + S::kKV);
 
   store_fwd_rows<D>(p, b, c.h, c.ra, t4, o, mA, mB, lA, lB, sl2);
 #endif

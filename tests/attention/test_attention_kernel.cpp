@@ -355,6 +355,28 @@ TEST(KernelForwardVariants, VariantsEqualTheSharedMemoryKernelBitwise) {
 #endif
 }
 
+#if DFLASH_ATTENTION_KERNEL
+// Two kernel runs that differ only in where P is rounded (the rescale slack, the forward's key-tile
+// width): O and the gradients within 1e-2 relative (Frobenius), LSE within 1e-4 and -inf in the same
+// rows (the bounds and their reasons: KernelRescaleSlack below).
+void expect_equal_up_to_rounding(const Grads& x, const at::Tensor& lse_x, const Grads& ref, const at::Tensor& lse_ref,
+                                 const std::string& what) {
+  const char* names[4] = {"O", "dQ", "dK", "dV"};
+  const at::Tensor* a[4] = {&x.o, &x.dq, &x.dk, &x.dv};
+  const at::Tensor* b[4] = {&ref.o, &ref.dq, &ref.dk, &ref.dv};
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_FALSE(has_nan(*a[i])) << what << ": NaN (or unwritten element) in " << names[i];
+    const double e = rel_err(*a[i], *b[i]);
+    std::printf("[%s] %s: rel %.3e\n", what.c_str(), names[i], e);
+    EXPECT_LE(e, 1e-2) << what << ": " << names[i];
+  }
+  EXPECT_TRUE(at::equal(at::isfinite(lse_x), at::isfinite(lse_ref))) << what;
+  const double le = (lse_x - lse_ref).masked_fill(at::isfinite(lse_ref).logical_not(), 0).abs().max().item<double>();
+  std::printf("[%s] LSE: max abs diff %.3e\n", what.c_str(), le);
+  EXPECT_LE(le, 1e-4) << what << ": LSE";
+}
+#endif
+
 // The forward's rescale slack (AttnParams::rescale_slack, kernel/tile_math.cuh softmax_step): with
 // stale maxima (8, the default) O, LSE and the gradients equal the exact-maximum softmax's (0) up to
 // rounding. Bounds: O and the gradients within 1e-2 relative (Frobenius) and LSE within 1e-4 (a bf16
@@ -379,19 +401,7 @@ TEST(KernelRescaleSlack, StaleMaximaEqualExactUpToRounding) {
     };
     at::Tensor l0, l8;
     const Grads g0 = run("0", &l0), g8 = run("8", &l8);
-    const char* names[4] = {"O", "dQ", "dK", "dV"};
-    const at::Tensor* a[4] = {&g8.o, &g8.dq, &g8.dk, &g8.dv};
-    const at::Tensor* b[4] = {&g0.o, &g0.dq, &g0.dk, &g0.dv};
-    for (int i = 0; i < 4; ++i) {
-      ASSERT_FALSE(has_nan(*a[i])) << c.name << ": NaN in " << names[i] << " with slack 8";
-      const double e = rel_err(*a[i], *b[i]);
-      std::printf("[rescale %s] %s: slack 8 vs 0 rel %.3e\n", c.name, names[i], e);
-      EXPECT_LE(e, 1e-2) << c.name << ": " << names[i];
-    }
-    EXPECT_TRUE(at::equal(at::isfinite(l8), at::isfinite(l0))) << c.name;
-    const double le = (l8 - l0).masked_fill(at::isfinite(l0).logical_not(), 0).abs().max().item<double>();
-    std::printf("[rescale %s] LSE: max abs diff %.3e\n", c.name, le);
-    EXPECT_LE(le, 1e-4) << c.name << ": LSE";
+    expect_equal_up_to_rounding(g8, l8, g0, l0, std::string("rescale ") + c.name + ", slack 8 vs 0");
   }
 #endif
 }
@@ -425,19 +435,7 @@ TEST(KernelForward128Keys, EqualsVariant7UpToRounding) {
     const int64_t ws_before = ws_launch_count();
     const Grads g13 = run("13", &l13);
     EXPECT_GE(ws_launch_count() - ws_before, 1) << c.name << ": the 128-key kernel did not run (its fallback did)";
-    const char* names[4] = {"O", "dQ", "dK", "dV"};
-    const at::Tensor* a[4] = {&g13.o, &g13.dq, &g13.dk, &g13.dv};
-    const at::Tensor* b[4] = {&g7.o, &g7.dq, &g7.dk, &g7.dv};
-    for (int i = 0; i < 4; ++i) {
-      ASSERT_FALSE(has_nan(*a[i])) << c.name << ": NaN (or unwritten element) in " << names[i] << " with variant 13";
-      const double e = rel_err(*a[i], *b[i]);
-      std::printf("[fwd 13 %s] %s: variant 13 vs 7 rel %.3e\n", c.name, names[i], e);
-      EXPECT_LE(e, 1e-2) << c.name << ": " << names[i];
-    }
-    EXPECT_TRUE(at::equal(at::isfinite(l13), at::isfinite(l7))) << c.name;
-    const double le = (l13 - l7).masked_fill(at::isfinite(l7).logical_not(), 0).abs().max().item<double>();
-    std::printf("[fwd 13 %s] LSE: max abs diff %.3e\n", c.name, le);
-    EXPECT_LE(le, 1e-4) << c.name << ": LSE";
+    expect_equal_up_to_rounding(g13, l13, g7, l7, std::string("fwd 13 ") + c.name + ", variant 13 vs 7");
   }
 #endif
 }
