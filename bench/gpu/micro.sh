@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Micro-benchmarks that price a kernel design before it is built (well under a minute on one GPU; it
+# builds nothing of the project but the version stamp, so that run_all.sh does not build everything):
+# bench/micro/red_bench.cu, the rate at which a backward can add fp32 dQ partials into global memory
+# (plain stores, red.global.add .f32 / .v2.f32, and FlashAttention-3's way: the tile staged in
+# shared memory and added by one TMA bulk reduce-add; attention/kernel/NOTES.md "Tried: the fused
+# backward" for why that rate decides the 5-product backward).
+#   bash bench/gpu/micro.sh BUILD_DIR OUT_DIR          (bash bench/gpu/run_all.sh micro)
+# targets: dflash_version
+set -uo pipefail
+OUT=${2:?usage: micro.sh BUILD_DIR OUT_DIR}
+mkdir -p "$OUT"
+cd "$(dirname "$0")/../.." || exit 1
+rc=0
+echo "## red_bench (fp32 tile adds, GB/s of payload)"
+nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a bench/micro/red_bench.cu -o "$OUT/red_bench" \
+  > "$OUT/red_bench_build.txt" 2>&1 || { cat "$OUT/red_bench_build.txt"; exit 1; }
+timeout 120 "$OUT/red_bench" > "$OUT/red_bench.txt" 2>&1 || rc=1
+cat "$OUT/red_bench.txt"
+rm -f "$OUT/red_bench"
+exit $rc
