@@ -31,11 +31,11 @@ constexpr int kThreads = 128;
 // Tile variant, for benchmarking (DFLASH_ATTN_FWD_VARIANT = 1: 16 rows/warp x 64 keys,
 // 2: 32 rows/warp x 32 keys, 3: 32 rows/warp x 64 keys, 4: Hopper wgmma, 5: Hopper wgmma with Q
 // as a register operand of S (fwd_sm90.cu); 7: variant 5's schedule with two query heads per CTA
-// sharing a TMA K/V ring, 8: the same with ping-pong between the two warpgroups, 13 (the default since
-// 2026-12-05): variant 7 on 128-key tiles (ws_sm90.cu; 7, 8 and 13 run 5 where the heads cannot be
-// paired or TMA cannot describe the tensors; 13 is within rounding of 7, KernelForward128Keys). 4 to 8 are
-// bit-identical (KernelForwardVariants); all fall back to 3 where wgmma is unavailable; measured in
-// kernel/NOTES.md. Read at each launch.
+// sharing a TMA K/V ring, 8: the same with ping-pong between the two warpgroups, 13 (the default
+// since 2026-12-05): variant 7 on 128-key tiles (ws_sm90.cu; 7, 8 and 13 run 5 where the heads
+// cannot be paired or TMA cannot describe the tensors; 13 is within rounding of 7,
+// KernelForward128Keys). 4 to 8 are bit-identical (KernelForwardVariants); all fall back to 3 where
+// wgmma is unavailable; measured in kernel/NOTES.md. Read at each launch.
 int fwd_variant() {
   static constexpr int kAllowed[] = {1, 2, 3, 4, 5, 7, 8, 13};
   return kernel_variant_from_env("DFLASH_ATTN_FWD_VARIANT", kAllowed, 8, 13);

@@ -1,8 +1,7 @@
 // Forward and dQ pass of the DFlash attention with two query heads per CTA on a TMA K/V ring
-// (Hopper, sm_90a): forward variants 7 (8: the same with ping-pong between the
-// warpgroups) and 13 (the default: 7 on 128-key tiles), and dQ variants 7 (a late-wait schedule,
-// below) and 8 (the default: 7 with Q in
-// registers).
+// (Hopper, sm_90a): forward variants 7 (8: the same with ping-pong between the warpgroups) and 13
+// (the default: 7 on 128-key tiles), and dQ variants 7 (a late-wait schedule, below) and 8 (the
+// default: 7 with Q in registers).
 //
 // One CTA per (64-row query tile, pair of query heads 2i and 2i+1 of one KV head), two warpgroups
 // (256 threads), warpgroup wg computing head 2i + wg with the products of the one-warpgroup kernels
