@@ -68,6 +68,9 @@ struct AttnParams {
   void* dq = nullptr;          // bf16 [B, Hq, q_len, d]
   void* dk = nullptr;          // bf16 [B, Hkv, kv_len, d]
   void* dv = nullptr;          // bf16 [B, Hkv, kv_len, d]
+  // fp32, dq_accum_numel() elements: needed (and zeroed by the backward) only when
+  // backward_accumulates_dq(d); the fused backward adds dQ into it (layout: kernel/bwd_fused_sm90.cu).
+  float* dq_accum = nullptr;
   int64_t q_sb = 0, q_sh = 0, q_sr = 0;
   int64_t k_sb = 0, k_sh = 0, k_sr = 0;
   int64_t v_sb = 0, v_sh = 0, v_sr = 0;
@@ -119,6 +122,10 @@ void launch_attn_bwd(const AttnParams& p, void* stream);  // delta, then dQ, the
 // chosen with DFLASH_ATTN_FWD_VARIANT / DFLASH_ATTN_DQ_VARIANT / DFLASH_ATTN_DKV_VARIANT
 // (benchmarks only; the defaults are the measured best, see attention/kernel/NOTES.md).
 void launch_attn_bwd_stage(const AttnParams& p, int stage, void* stream);
+// Whether the backward at head dim d on the current device is the fused one (DFLASH_ATTN_DKV_VARIANT=7:
+// dQ summed in fp32 in the dK/dV pass, AttnParams::dq_accum of dq_accum_numel() floats needed).
+bool backward_accumulates_dq(int d);
+int64_t dq_accum_numel(int64_t B, int64_t Hq, int64_t q_len, int64_t d);
 // The tile variant named by environment variable `name` (a benchmark knob, attention/kernel/NOTES.md):
 // `fallback` where it is unset or empty; anything but one of the `n` values in `allowed` is a
 // UserError naming the variable, the value and the allowed ones (a typo must not silently run

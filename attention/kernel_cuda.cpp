@@ -141,6 +141,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward_impl(const at::Tensor& q
   set_strides(dq, p.dq_sb, p.dq_sh, p.dq_sr);
   set_strides(dk, p.dk_sb, p.dk_sh, p.dk_sr);
   set_strides(dv, p.dv_sb, p.dv_sh, p.dv_sr);
+  at::Tensor dq_accum;  // the fused backward's fp32 dQ sum (zeroed by the backward itself)
+  if (backward_accumulates_dq(s.d)) {
+    dq_accum = at::empty({dq_accum_numel(s.B, s.Hq, s.q_len, s.d)}, q.options().dtype(at::kFloat));
+    p.dq_accum = dq_accum.data_ptr<float>();
+  }
   launch_attn_bwd(p, stream_of(q));
   return {dq, dk, dv};
 }

@@ -133,6 +133,9 @@ void time_variants(const Shape& s, const Prepared& prep, const at::Tensor& q, co
   p.dv = dv.data_ptr(); st(dv, p.dv_sb, p.dv_sh, p.dv_sr);
   p.lse = lse.data_ptr<float>();
   p.delta = delta.data_ptr<float>();
+  // the fused backward's fp32 sum (dK/dV variant 7; not re-zeroed between its timed launches)
+  auto dq_accum = at::zeros({dq_accum_numel(p.B, p.Hq, p.q_len, p.d)}, q.options().dtype(at::kFloat));
+  p.dq_accum = dq_accum.data_ptr<float>();
   void* stream = nullptr;  // legacy default stream, same as the events
   const double unit = fwd_flop / 2;  // FLOP of one (q,k) matmul pass over the visible pairs
   for (const char* var : {"1", "2", "3", "4", "5", "7", "8", "13"}) {
@@ -151,11 +154,12 @@ void time_variants(const Shape& s, const Prepared& prep, const at::Tensor& q, co
                 ms, 3 * unit / ms * 1e-9);
   }
   unsetenv("DFLASH_ATTN_DQ_VARIANT");
-  for (const char* var : {"1", "2", "3"}) {
+  for (const char* var : {"1", "2", "3", "7"}) {
     setenv("DFLASH_ATTN_DKV_VARIANT", var, 1);
+    const bool fused = backward_accumulates_dq(p.d);  // 7: dK, dV and dQ in one pass, then dQ's conversion
     const double ms = median_ms([&] { launch_attn_bwd_stage(p, 2, stream); }, iters);
-    std::printf("[%s] bwd dK/dV variant %s: %.2f ms, %.0f TFLOP/s raw (4 matmuls)\n", s.name.c_str(),
-                var, ms, 4 * unit / ms * 1e-9);
+    std::printf("[%s] bwd dK/dV variant %s: %.2f ms, %.0f TFLOP/s raw (%s)\n", s.name.c_str(), var, ms,
+                (fused ? 5 : 4) * unit / ms * 1e-9, fused ? "5 matmuls: dQ too, and its conversion" : "4 matmuls");
   }
   unsetenv("DFLASH_ATTN_DKV_VARIANT");
   std::fflush(stdout);

@@ -8,6 +8,9 @@
 //      computing S^T = K Q^T and dP^T = V dO^T, then dV += P^T dO and dK += dS^T Q.
 // dQ recomputes S and dP (7 matmuls per visible tile pair instead of 5 with atomics) in
 // exchange for determinism and no fp32 accumulation buffer.
+// Fused (dK/dV variant 7, Hopper, d = 128; bwd_fused_sm90.cu): delta and a zeroed fp32 buffer
+// (AttnParams::dq_accum), one pass computing dK, dV and adding each item's dQ partial into the buffer
+// with TMA bulk reduce-adds (5 matmuls per visible pair), then dQ = scale * buffer in bf16.
 #include <cuda_runtime.h>
 
 #include <stdexcept>
@@ -21,6 +24,7 @@ namespace dflash::attention {
 
 bool wgmma_supported();                                   // bwd_sm90.cu
 void launch_dkv_wgmma(const AttnParams& p, void* stream);  // bwd_sm90.cu
+void launch_bwd_fused(const AttnParams& p, void* stream);  // bwd_fused_sm90.cu
 void launch_dq_wgmma(const AttnParams& p, void* stream);   // fwd_sm90.cu
 bool launch_dq_ws(const AttnParams& p, int variant, void* stream);  // ws_sm90.cu
 
@@ -43,10 +47,42 @@ int dq_variant() {
   return kernel_variant_from_env("DFLASH_ATTN_DQ_VARIANT", kAllowed, 6, 8);
 }
 // dK/dV kernel variant (DFLASH_ATTN_DKV_VARIANT = 1: 4 warps x 16 keys, 2: 8 warps,
-// 3 (default): Hopper wgmma (bwd_sm90.cu; falls back to 1 where unavailable)).
+// 3 (default): Hopper wgmma (bwd_sm90.cu; falls back to 1 where unavailable), 7: the fused backward
+// (bwd_fused_sm90.cu: dQ added in the same pass, no dQ pass; runs 3 at d = 64 or without wgmma)).
 int dkv_variant() {
-  static constexpr int kAllowed[] = {1, 2, 3};
-  return kernel_variant_from_env("DFLASH_ATTN_DKV_VARIANT", kAllowed, 3, 3);
+  static constexpr int kAllowed[] = {1, 2, 3, 7};
+  return kernel_variant_from_env("DFLASH_ATTN_DKV_VARIANT", kAllowed, 4, 3);
+}
+
+// dq = scale * the fused pass's fp32 sum, read back from its fragment order (bwd_fused_sm90.cu): one
+// thread per 8 columns of a row, four float2 of one fragment column group.
+__global__ void dq_from_accum_kernel(const AttnParams p) {
+  constexpr int D = 128, L = D / 8;
+  const int64_t gid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  const int64_t row = gid / L;  // over B * Hq * q_len
+  if (row >= (int64_t)p.B * p.Hq * p.q_len) return;
+  const int c8 = (int)(gid % L);  // columns 8 c8 .. +7: warpgroup c8 / 8, fragment j = c8 % 8
+  const int r = (int)(row % p.q_len);
+  const int64_t bh = row / p.q_len;
+  const int b = (int)(bh / p.Hq), h = (int)(bh % p.Hq);
+  const int qt = r / kTileQ, rr = r % kTileQ;
+  const int t0 = (rr / 16) * 32 + (rr % 8) * 4;  // thread of t4 = 0 in its warpgroup
+  const float* tile = p.dq_accum + (bh * p.meta.nqt + qt) * (kTileQ * D);
+  const float* f = tile + (c8 * 128 + t0) * 4 + ((rr % 16) / 8) * 2;
+  float v[8];
+#pragma unroll
+  for (int t4 = 0; t4 < 4; ++t4) {
+    const float2 x = *reinterpret_cast<const float2*>(f + t4 * 4);
+    v[2 * t4] = x.x;
+    v[2 * t4 + 1] = x.y;
+  }
+  const float sc = p.scale;
+  uint4 out;
+  out.x = pack_bf16(v[0] * sc, v[1] * sc);
+  out.y = pack_bf16(v[2] * sc, v[3] * sc);
+  out.z = pack_bf16(v[4] * sc, v[5] * sc);
+  out.w = pack_bf16(v[6] * sc, v[7] * sc);
+  *reinterpret_cast<uint4*>(static_cast<bf16*>(p.dq) + b * p.dq_sb + h * p.dq_sh + (int64_t)r * p.dq_sr + c8 * 8) = out;
 }
 
 
@@ -468,13 +504,21 @@ void run_dkv(const AttnParams& p, cudaStream_t s) {
 
 template <int D>
 void run_bwd(const AttnParams& p, cudaStream_t s, int stage) {
+  const bool fused = backward_accumulates_dq(D);
+  const int64_t threads = (int64_t)p.B * p.Hq * p.q_len * (D / 8);
+  if (fused && p.dq_accum == nullptr)
+    throw std::runtime_error("dflash attention kernel: the fused backward (DFLASH_ATTN_DKV_VARIANT=7) needs "
+                             "AttnParams::dq_accum (dq_accum_numel() floats)");
   if (stage < 0 || stage == 0) {
-    const int64_t rows = (int64_t)p.B * p.Hq * p.q_len;
-    const int64_t threads = rows * (D / 8);
     delta_kernel<D><<<(unsigned)((threads + 255) / 256), 256, 0, s>>>(p);
     DFLASH_CHECK_LAUNCH("attention backward delta");
+    if (fused) {
+      const cudaError_t e = cudaMemsetAsync(p.dq_accum, 0, dq_accum_numel(p.B, p.Hq, p.q_len, D) * sizeof(float), s);
+      if (e != cudaSuccess)
+        throw std::runtime_error(std::string("dflash attention kernel: zeroing dq_accum: ") + cudaGetErrorString(e));
+    }
   }
-  if (stage < 0 || stage == 1) {
+  if ((stage < 0 || stage == 1) && !fused) {
     const int dqv = dq_variant();
     switch (dqv) {
       case 1: run_dq<D, 1, 64>(p, s); break;
@@ -488,7 +532,11 @@ void run_bwd(const AttnParams& p, cudaStream_t s, int stage) {
   }
   if (stage < 0 || stage == 2) {
     const int var = dkv_variant();
-    if (var == 3 && wgmma_supported()) launch_dkv_wgmma(p, s);
+    if (fused) {
+      launch_bwd_fused(p, s);
+      dq_from_accum_kernel<<<(unsigned)((threads + 255) / 256), 256, 0, s>>>(p);
+      DFLASH_CHECK_LAUNCH("attention backward dq from the fused sum");
+    } else if ((var == 3 || var == 7) && wgmma_supported()) launch_dkv_wgmma(p, s);
     else if (var == 2) run_dkv<D, 8>(p, s);
     else run_dkv<D, 4>(p, s);
   }
@@ -504,5 +552,11 @@ void launch_attn_bwd_stage(const AttnParams& p, int stage, void* stream) {
 }
 
 void launch_attn_bwd(const AttnParams& p, void* stream) { launch_attn_bwd_stage(p, -1, stream); }
+
+bool backward_accumulates_dq(int d) { return d == 128 && dkv_variant() == 7 && wgmma_supported(); }
+
+int64_t dq_accum_numel(int64_t B, int64_t Hq, int64_t q_len, int64_t d) {
+  return B * Hq * ((q_len + kTileQ - 1) / kTileQ) * kTileQ * d;
+}
 
 }  // namespace dflash::attention

@@ -196,6 +196,11 @@ Grads kernel_raw(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   fill_strides(dq, p.dq_sb, p.dq_sh, p.dq_sr);
   fill_strides(dk, p.dk_sb, p.dk_sh, p.dk_sr);
   fill_strides(dv, p.dv_sb, p.dv_sh, p.dv_sr);
+  at::Tensor dq_accum;  // the fused backward's sum (DFLASH_ATTN_DKV_VARIANT=7), NaN-poisoned: it must zero it
+  if (backward_accumulates_dq(p.d)) {
+    dq_accum = at::full({dq_accum_numel(p.B, p.Hq, p.q_len, p.d)}, nan, q.options().dtype(at::kFloat));
+    p.dq_accum = dq_accum.data_ptr<float>();
+  }
   launch_attn_bwd(p, stream);
   if (lse_out) *lse_out = lse;
   return {o, dq, dk, dv};
@@ -436,6 +441,59 @@ TEST(KernelForward128Keys, EqualsVariant7UpToRounding) {
     const Grads g13 = run("13", &l13);
     EXPECT_GE(ws_launch_count() - ws_before, 1) << c.name << ": the 128-key kernel did not run (its fallback did)";
     expect_equal_up_to_rounding(g13, l13, g7, l7, std::string("fwd 13 ") + c.name + ", variant 13 vs 7");
+  }
+#endif
+}
+
+// The fused backward (dK/dV variant 7, kernel/bwd_fused_sm90.cu: 128 keys per CTA, dQ partials added
+// with TMA bulk reduce-adds) against the split one (3, with the default dQ pass): the same per-item
+// products, so dK and dV must be bit-identical (items of the CTA's other key tile add exact zeros);
+// dQ is the same fp32 sum in another order rounded once to bf16, so each element equals the split's or
+// its bf16 neighbour: |a - b| <= 2^-7 max(|a|, |b|), plus 1e-4 of the largest |dQ| for sums that
+// cancel to near zero (fp32 order effects, ~1e-7 of the terms). Rows that see no key: dQ exactly 0.
+// Cases: GQA with an odd number of key tiles (the last CTA's second warpgroup has no keys), one head
+// per KV head, packed documents, unsorted anchors, query tiles that see no key; d = 64 runs the split.
+TEST(KernelFusedBackward, EqualsSplitBackward) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device or kernel not built";
+#if DFLASH_ATTENTION_KERNEL
+  for (const Case& c : {Case{"d128_gqa", 2, 8, 2, 40, 16, 700, 128, 2, true, 0.1, false},
+                        Case{"mha", 1, 3, 3, 10, 16, 150, 128, 1, true, 0.1, false},
+                        Case{"packed_docs", 1, 4, 1, 24, 16, 300, 128, 3, true, 0.1, false},
+                        Case{"unsorted", 2, 4, 2, 20, 16, 333, 128, 1, false, 0.1, false},
+                        Case{"dropped_row", 2, 4, 2, 9, 16, 130, 128, 1, true, 0.0, true},
+                        Case{"d64", 1, 4, 2, 23, 16, 333, 64, 1, false, 0.1, false}}) {
+    std::mt19937 rng(41 + c.d);
+    at::manual_seed(43 + c.d);
+    const at::Device dev(at::kCUDA, 0);
+    const MaskSpec spec = make_spec(c, rng);
+    auto [q, k, v, dout] = random_qkv_dout(c, dev);
+    const Prepared prep = kernel_prepared(spec, dev);
+    auto run = [&](const char* dkv, at::Tensor* lse, bool* fused) {
+      const ScopedEnv e("DFLASH_ATTN_DKV_VARIANT", dkv);
+      *fused = backward_accumulates_dq(c.d);
+      return kernel_raw(q, k, v, prep.kernel_meta, dout, lse);
+    };
+    at::Tensor l3, l7;
+    bool f3 = false, f7 = false;
+    const Grads g3 = run("3", &l3, &f3), g7 = run("7", &l7, &f7);
+    const std::string what = std::string("fused backward ") + c.name;
+    EXPECT_FALSE(f3) << what;
+    EXPECT_EQ(f7, c.d == 128) << what << ": the fused pass runs at d = 128 (and only there)";
+    ASSERT_FALSE(has_nan(g7.dq) || has_nan(g7.dk) || has_nan(g7.dv)) << what << ": NaN (or unwritten element)";
+    EXPECT_TRUE(at::equal(g7.o, g3.o) && at::equal(l7, l3)) << what << ": the forward changed";
+    EXPECT_TRUE(at::equal(g7.dk, g3.dk)) << what << ": dK, max diff " << max_abs(g7.dk, g3.dk.to(at::kFloat));
+    EXPECT_TRUE(at::equal(g7.dv, g3.dv)) << what << ": dV, max diff " << max_abs(g7.dv, g3.dv.to(at::kFloat));
+    const at::Tensor a = g7.dq.to(at::kFloat), b = g3.dq.to(at::kFloat);
+    const double big = b.abs().max().item<double>();
+    const at::Tensor excess = (a - b).abs() - (at::maximum(a.abs(), b.abs()) * (1.0 / 128) + 1e-4 * big);
+    const double worst = excess.max().item<double>();
+    std::printf("[%s] dQ: %.4f%% of elements differ, rel %.3e, worst excess over one bf16 step %.3e\n", what.c_str(),
+                100.0 * a.ne(b).to(at::kFloat).mean().item<double>(), rel_err(g7.dq, b), worst);
+    EXPECT_LE(worst, 0.0) << what << ": dQ differs from the split backward's by more than one bf16 rounding";
+    if (c.all_dropped_row) {
+      auto seen = l3.isfinite().unsqueeze(-1).expand_as(a);
+      EXPECT_EQ(a.masked_select(seen.logical_not()).abs().sum().item<float>(), 0.f) << what << ": rows that see no key";
+    }
   }
 #endif
 }

@@ -1,0 +1,306 @@
+// Fused backward of the DFlash attention (dK/dV variant 7, Hopper wgmma, d = 128): one pass computes
+// dK, dV and dQ with 5 matmuls per visible pair instead of the split backward's 7 (no dQ pass).
+//
+// One CTA = two warpgroups = 128 keys of one (batch row, KV head); warpgroup w owns keys
+// [n0 + 64 w, +64) and runs the dK/dV pass's per-item work (bwd_sm90.cu) on them, both walking the
+// same items (query head of the GQA group, 64-row query tile that sees either half). Per item:
+//   S^T, dP^T, P^T, dV += P^T dO, dS^T, dK += dS^T Q      as in bwd_sm90.cu (per warpgroup)
+//   dS^T -> shared memory (bf16, each warpgroup its 64 keys), one block barrier
+//   dQ(item)[:, 64 w .. +64] = dS (64 rows x 128 keys) K (128 keys x 64 columns)
+//                                     A = both dS^T tiles, B = both K tiles (smem, MN-major), m64n64k16 x 8
+//   the 64 x 128 fp32 partial -> shared memory -> one TMA bulk reduce-add (cp.reduce.async.bulk .add.f32,
+//   32 KB) into p.dq_accum (zeroed before), issued by thread 0 at the next item's barrier
+// 128 keys per CTA make the partial 4 bytes per visible pair (half of a 64-key CTA's); the bulk add is
+// one instruction per item where per-element reductions were 8192 (kernel/NOTES.md "v10").
+// p.dq_accum holds each (b, h, query tile)'s 64 x 128 partial in the accumulators' fragment order, so
+// that the shared-memory writes are conflict-free float4s: float index ((w * 8 + j) * 128 + t) * 4 + e
+// for thread t of warpgroup w and its fragment j, e (row 16 (t / 32) + (t % 32) / 4 + 8 (e / 2), column
+// 64 w + 8 j + 2 (t % 4) + e % 2); bwd.cu's conversion kernel reads it back (dq_accum_index()). The sum's
+// order, and so dQ's last bits, varies from run to run; dK and dV equal the split backward's bitwise.
+#include <cuda_runtime.h>
+
+#include "attention/kernel.h"
+#include "core/launch_check.h"
+#include "attention/kernel/common.cuh"
+#include "attention/kernel/wgmma.cuh"
+
+namespace dflash::attention {
+namespace {
+
+using bf16 = __nv_bfloat16;
+using namespace dev;
+
+constexpr int kFThreads = 256;  // two warpgroups
+constexpr int kFD = 128;        // head dim (d = 64 runs the split backward)
+
+struct FusedSmem {
+  static constexpr int kTile = kTileQ * kFD * 2;                            // a 64-row bf16 tile: 16 KB
+  static constexpr int kStage = 2 * kTile + kTileQ * 16 + 2 * kTileQ * 4;   // Q, dO, row records, LSE, delta
+  static constexpr int kStageAligned = (kStage + 1023) / 1024 * 1024;
+  static constexpr int kDs = kTileK * kTileQ * 2;                           // one warpgroup's dS^T: 8 KB
+  static constexpr int kDq = kTileQ * kFD * 4;                              // an item's dQ partial: 32 KB
+  static constexpr int kK = 0, kV = 2 * kTile, kStage0 = 4 * kTile;        // K, V: one tile per warpgroup
+  static constexpr int kDs0 = kStage0 + 2 * kStageAligned, kDq0 = kDs0 + 2 * kDs;
+  static constexpr int kBytes = 1024 + kDq0 + 2 * kDq;                     // +1024: base alignment
+};
+static_assert(FusedSmem::kBytes <= 227 * 1024, "fused backward: shared memory");
+
+__device__ __forceinline__ void bulk_add_f32(float* gdst, uint32_t ssrc, int bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(gdst), "r"(ssrc),
+               "r"(bytes)
+               : "memory");
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+
+__global__ void __launch_bounds__(kFThreads, 1) attn_bwd_fused_kernel(const AttnParams p) {
+#ifdef DFLASH_WGMMA
+  constexpr int D = kFD;
+  using S = FusedSmem;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  const uint32_t raw = smem_u32(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  unsigned char* gbase = smem_raw + (base - raw);
+  const int tid = threadIdx.x, wg = tid >> 7, wt = tid & 127, lane = tid & 31, warp = wt >> 5;
+  const int nqt = p.meta.nqt, nkt = p.meta.nkt;
+  const int kt = 2 * (int)blockIdx.x;  // key tiles kt (warpgroup 0) and kt + 1 (warpgroup 1)
+  const int hk = blockIdx.y, b = blockIdx.z;
+  const int G = p.Hq / p.Hkv;
+  const int n0 = kt * kTileK, nw = n0 + wg * kTileK;
+  const bf16* k = static_cast<const bf16*>(p.k) + b * p.k_sb + hk * p.k_sh;
+  const bf16* v = static_cast<const bf16*>(p.v) + b * p.v_sb + hk * p.v_sh;
+
+  // The query tiles that see either key tile: the union of their two ranges (empty = (0, 0)).
+  const int2* ktr = reinterpret_cast<const int2*>(p.meta.ktiles) + (int64_t)b * nkt;
+  int2 kr = ktr[kt];
+  if (kt + 1 < nkt) {
+    const int2 k1 = ktr[kt + 1];
+    if (k1.y > k1.x) kr = kr.y > kr.x ? make_int2(min(kr.x, k1.x), max(kr.y, k1.y)) : k1;
+  }
+  const int4* qtiles = reinterpret_cast<const int4*>(p.meta.qtiles) + (int64_t)b * nqt;
+  const int4* rows = reinterpret_cast<const int4*>(p.meta.rows) + (int64_t)b * nqt * kTileQ;
+  const int nitems = (kr.y - kr.x) * G;
+  auto valid_tq = [&](const int4 tq) {  // does query tile record tq see this CTA's 128 keys?
+    return (tq.x < n0 + 2 * kTileK && tq.y > n0 && tq.y > tq.x) ||
+           (tq.z < n0 + 2 * kTileK && tq.w > n0 && tq.w > tq.z);
+  };
+  auto valid = [&](int i) { return valid_tq(qtiles[kr.x + i / G]); };
+  auto next_item = [&](int i) {
+    while (i < nitems && !valid(i)) ++i;
+    return i;
+  };
+  auto dq_tile = [&](int i) {  // item i's 64 x 128 fp32 partial in p.dq_accum
+    const int qt = kr.x + i / G, h = hk * G + i % G;
+    return p.dq_accum + (((int64_t)b * p.Hq + h) * nqt + qt) * (kTileQ * D);
+  };
+
+  const uint32_t sK0 = base + S::kK, sK = sK0 + wg * S::kTile, sV = base + S::kV + wg * S::kTile;
+  const uint32_t sStage0 = base + S::kStage0, sDs0 = base + S::kDs0, sDq0 = base + S::kDq0;
+  unsigned char* stage_ptr0 = gbase + S::kStage0;
+
+  auto load_item = [&](int i, int buf) {
+    const int qt = kr.x + i / G, h = hk * G + i % G;
+    const int m0 = qt * kTileQ;
+    const uint32_t st = sStage0 + buf * S::kStageAligned;
+    load_tile_w<kTileQ, D, kFThreads>(st, static_cast<const bf16*>(p.q) + b * p.q_sb + h * p.q_sh, p.q_sr, m0,
+                                      p.q_len, tid);
+    load_tile_w<kTileQ, D, kFThreads>(st + S::kTile, static_cast<const bf16*>(p.dout) + b * p.do_sb + h * p.do_sh,
+                                      p.do_sr, m0, p.q_len, tid);
+    const uint32_t sRows = st + 2 * S::kTile, sL = sRows + kTileQ * 16, sD = sL + kTileQ * 4;
+    const int64_t lo = ((int64_t)b * p.Hq + h) * p.q_len;
+    if (tid < kTileQ) {
+      cp_async16(sRows + tid * 16, rows + m0 + tid, true);
+      const bool ok = m0 + tid < p.q_len;
+      cp_async4(sL + tid * 4, p.lse + (ok ? lo + m0 + tid : 0), ok);
+    } else if (tid < 2 * kTileQ) {
+      const int r = tid - kTileQ;
+      const bool ok = m0 + r < p.q_len;
+      cp_async4(sD + r * 4, p.delta + (ok ? lo + m0 + r : 0), ok);
+    }
+  };
+
+  load_tile_w<kTileK, D, 128>(sK, k, p.k_sr, nw, p.kv_len, wt);
+  load_tile_w<kTileK, D, 128>(sV, v, p.v_sr, nw, p.kv_len, wt);
+  int item = next_item(0);
+  if (item < nitems) load_item(item, 0);
+  cp_async_commit();
+
+  const int g = lane >> 2, t4 = lane & 3;
+  const int keyA = nw + warp * 16 + g, keyB = keyA + 8;
+  const float sl2 = p.scale * kLog2e;
+  float dk[D / 8][4], dv[D / 8][4];
+#pragma unroll
+  for (int i = 0; i < D / 8; ++i)
+    dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.f;
+
+  // The order of waits is bwd_sm90.cu's; the dQ product joins dK's group position:
+  //   ... dS^T(i) -> shared memory -> barrier -> dQ(i) issued, dK(i) issued -> wait<1>: dV(i) and
+  //   dQ(i) done -> dQ(i) -> shared memory [buf]; at the next item's first barrier thread 0 issues
+  //   its bulk add, and before that barrier waits until the add of item i-1 (issued one item ago,
+  //   from the other buffer) has read its buffer, which item i+1 then overwrites.
+  int buf = 0, prev = -1;  // prev: the item whose partial waits in the dQ buffer buf ^ 1
+  uint32_t da[4][4];        // dS^T(i-1): A operand of dK(i-1), in flight into item i
+  while (item < nitems) {
+    const int cand = item + 1;
+    const int4 tq_cand = cand < nitems ? qtiles[kr.x + cand / G] : make_int4(0, 0, 0, 0);
+    if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+    cp_async_wait<0>();
+    fence_proxy_async();
+    __syncthreads();
+    if (tid == 0 && prev >= 0) bulk_add_f32(dq_tile(prev), sDq0 + (buf ^ 1) * S::kDq, S::kDq);
+    const uint32_t sQ = sStage0 + buf * S::kStageAligned, sdO = sQ + S::kTile;
+    const unsigned char* stp = stage_ptr0 + buf * S::kStageAligned + 2 * S::kTile;
+    const int4* sRows = reinterpret_cast<const int4*>(stp);
+    const float* sL = reinterpret_cast<const float*>(stp + kTileQ * 16);
+    const float* sD = sL + kTileQ;
+
+    float st[8][4], dpt[8][4];
+    wg_fence();
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks)
+      wgmma_ss_n64(st, desc_k<kTileK>(sK, ks), desc_k<kTileQ>(sQ, ks), ks > 0);
+    wg_commit();
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ++ks)
+      wgmma_ss_n64(dpt, desc_k<kTileK>(sV, ks), desc_k<kTileQ>(sdO, ks), ks > 0);
+    wg_commit();
+    wg_wait<1>();  // S^T(i) done, and before it dK(i-1)
+    reg_fence(st);
+    reg_fence(dk);
+    reg_fence_a(da);
+    __syncthreads();  // every warp is past dK(i-1): item i-1's stage buffer may be refilled
+    const int nxt = cand >= nitems ? nitems : valid_tq(tq_cand) ? cand : next_item(cand + 1);
+    if (nxt < nitems) load_item(nxt, buf ^ 1);
+    cp_async_commit();
+
+    // P^T = exp2(S^T * scale*log2e - lse*log2e), 0 where masked (bwd_sm90.cu).
+    const int kw = nw + warp * 16;
+    const int4 r0 = sRows[lane], r1 = sRows[lane + 32];
+    const bool wfull = __all_sync(0xffffffffu, kw >= r0.x && kw + 16 <= r0.y && kw >= r1.x &&
+                                                   kw + 16 <= r1.y);
+    if (!wfull) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int4 rm = sRows[j * 8 + 2 * t4 + e];
+          const bool va = ((keyA >= rm.x) & (keyA < rm.y)) | ((keyA >= rm.z) & (keyA < rm.w));
+          const bool vb = ((keyB >= rm.x) & (keyB < rm.y)) | ((keyB >= rm.z) & (keyB < rm.w));
+          st[j][e] = va ? st[j][e] : -INFINITY;
+          st[j][2 + e] = vb ? st[j][2 + e] : -INFINITY;
+        }
+      }
+    }
+    uint32_t pa[4][4];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float2 lv = *reinterpret_cast<const float2*>(sL + j * 8 + 2 * t4);
+      const float l0 = lv.x == -INFINITY ? INFINITY : lv.x * kLog2e;
+      const float l1 = lv.y == -INFINITY ? INFINITY : lv.y * kLog2e;
+      st[j][0] = ex2(fmaf(st[j][0], sl2, -l0));
+      st[j][1] = ex2(fmaf(st[j][1], sl2, -l1));
+      st[j][2] = ex2(fmaf(st[j][2], sl2, -l0));
+      st[j][3] = ex2(fmaf(st[j][3], sl2, -l1));
+    }
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) acc_to_a(st[2 * kk], st[2 * kk + 1], pa[kk]);
+    wg_fence();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wgmma_rs_nd_tb<D>(dv, pa[kk], desc_mn<kTileQ>(sdO, kk));
+    wg_commit();
+    wg_wait<1>();
+    reg_fence(dpt);
+
+    // dS^T = P^T * (dP^T - delta), with P as rounded to bf16 for the dV product (bwd_sm90.cu).
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const float2 dl = *reinterpret_cast<const float2*>(sD + j * 8 + 2 * t4);
+      const float2 pA = __bfloat1622float2(reinterpret_cast<const __nv_bfloat162&>(pa[j / 2][(j & 1) * 2]));
+      const float2 pB = __bfloat1622float2(reinterpret_cast<const __nv_bfloat162&>(pa[j / 2][(j & 1) * 2 + 1]));
+      dpt[j][0] = pA.x * (dpt[j][0] - dl.x);
+      dpt[j][1] = pA.y * (dpt[j][1] - dl.y);
+      dpt[j][2] = pB.x * (dpt[j][2] - dl.x);
+      dpt[j][3] = pB.y * (dpt[j][3] - dl.y);
+    }
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) acc_to_a(dpt[2 * kk], dpt[2 * kk + 1], da[kk]);
+
+    // dS^T rows (keys) 16 warp + g (+8), columns (query rows) 16 kk + 2 t4 (+8): 4-byte stores into
+    // this warpgroup's swizzled [64][64] tile; 8 rows x 4 words per instruction hit 32 distinct banks.
+    const uint32_t sDs = sDs0 + wg * S::kDs;
+    const int ra = warp * 16 + g, rb = ra + 8;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      asm volatile("st.shared.b32 [%0], %1;" ::"r"(sDs + swz_w<kTileK>(ra, 2 * kk) + 4 * t4), "r"(da[kk][0]));
+      asm volatile("st.shared.b32 [%0], %1;" ::"r"(sDs + swz_w<kTileK>(rb, 2 * kk) + 4 * t4), "r"(da[kk][1]));
+      asm volatile("st.shared.b32 [%0], %1;" ::"r"(sDs + swz_w<kTileK>(ra, 2 * kk + 1) + 4 * t4), "r"(da[kk][2]));
+      asm volatile("st.shared.b32 [%0], %1;" ::"r"(sDs + swz_w<kTileK>(rb, 2 * kk + 1) + 4 * t4), "r"(da[kk][3]));
+    }
+    fence_proxy_async();
+    __syncthreads();  // both warpgroups' dS^T tiles in shared memory, visible to the tensor cores
+
+    // dQ(i)[:, 64 wg .. +64]: k-steps over key tile t (16 keys each); B = key tile t's column block wg.
+    float dq[8][4];
+    wg_fence();
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk)
+        wgmma_ss_n64_tt(dq, desc_mn<kTileK>(sDs0 + t * S::kDs, kk),
+                        desc_mn<kTileK>(sK0 + t * S::kTile + wg * (kTileK * 128), kk), (t | kk) > 0);
+    wg_commit();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) wgmma_rs_nd_tb<D>(dk, da[kk], desc_mn<kTileQ>(sQ, kk));
+    wg_commit();
+    wg_wait<1>();  // dV(i) and dQ(i) done (pa free); dK(i) runs on under the next item's S^T, dP^T
+    reg_fence(dv);
+    reg_fence(dq);
+    reg_fence_a(pa);
+    float4* dst = reinterpret_cast<float4*>(gbase + S::kDq0 + buf * S::kDq) + wg * 8 * 128 + wt;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) dst[j * 128] = make_float4(dq[j][0], dq[j][1], dq[j][2], dq[j][3]);
+    fence_proxy_async();  // the partial, seen by the bulk copy thread 0 issues after the next barrier
+    prev = item;
+    item = nxt;
+    buf ^= 1;
+  }
+  wg_wait<0>();
+  reg_fence(dk);
+  reg_fence_a(da);
+  cp_async_wait<0>();
+  __syncthreads();  // every thread's last partial written
+  if (tid == 0) {
+    if (prev >= 0) bulk_add_f32(dq_tile(prev), sDq0 + (buf ^ 1) * S::kDq, S::kDq);
+    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // done before the CTA's memory goes
+  }
+
+  bf16* dko = static_cast<bf16*>(p.dk) + b * p.dk_sb + hk * p.dk_sh;
+  bf16* dvo = static_cast<bf16*>(p.dv) + b * p.dv_sb + hk * p.dv_sh;
+  if (keyA < p.kv_len) {
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      store_bf16x2(dko + (int64_t)keyA * p.dk_sr + i * 8 + 2 * t4, dk[i][0] * p.scale, dk[i][1] * p.scale);
+      store_bf16x2(dvo + (int64_t)keyA * p.dv_sr + i * 8 + 2 * t4, dv[i][0], dv[i][1]);
+    }
+  }
+  if (keyB < p.kv_len) {
+#pragma unroll
+    for (int i = 0; i < D / 8; ++i) {
+      store_bf16x2(dko + (int64_t)keyB * p.dk_sr + i * 8 + 2 * t4, dk[i][2] * p.scale, dk[i][3] * p.scale);
+      store_bf16x2(dvo + (int64_t)keyB * p.dv_sr + i * 8 + 2 * t4, dv[i][2], dv[i][3]);
+    }
+  }
+#endif
+}
+
+}  // namespace
+
+// Launches the fused pass (d = 128 only; bwd.cu checks). p.dq_accum must be zeroed.
+void launch_bwd_fused(const AttnParams& p, void* stream) {
+  constexpr int smem = FusedSmem::kBytes;
+  cudaFuncSetAttribute(attn_bwd_fused_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  attn_bwd_fused_kernel<<<dim3((p.meta.nkt + 1) / 2, p.Hkv, p.B), kFThreads, smem,
+                          static_cast<cudaStream_t>(stream)>>>(p);
+  DFLASH_CHECK_LAUNCH("attention backward fused dk/dv/dq (wgmma)");
+}
+
+}  // namespace dflash::attention
