@@ -10,7 +10,9 @@
 # A configuration is NAME=VAR=VALUE[,VAR=VALUE...]; DFLASH_KAB_CONFIGS holds them, space-separated
 # (default: "one=DFLASH_ATTN_FWD_VARIANT=5,DFLASH_ATTN_DQ_VARIANT=4 two=DFLASH_ATTN_FWD_VARIANT=7,DFLASH_ATTN_DQ_VARIANT=8"). Parts 2-4 stop
 # starting after DFLASH_KAB_BUDGET_S seconds (default 420), so that a device call's limit leaves
-# time to bring the logs back.
+# time to bring the logs back. DFLASH_KAB_PARTS (default "tests variants e2e models ncu") picks the
+# parts; DFLASH_KAB_PROF (default "fwd_v5 fwd_v7 dq dkv"; also "fused": the fused backward, dK/dV
+# variant 7) the Nsight Compute stages and DFLASH_KAB_PROF_SHAPES (default "long") their shapes.
 #   bash bench/gpu/kernel_ab.sh BUILD_DIR OUT_DIR          (bash bench/gpu/run_all.sh kernel_ab)
 # targets: test_attention attention_bench target_bench drafter_bench
 set -uo pipefail
@@ -24,21 +26,25 @@ in_budget() { [ $(( $(date +%s) - T0 )) -lt "${DFLASH_KAB_BUDGET_S:-420}" ] || {
 rc=0
 cfg_env() { echo "${1#*=}" | tr ',' ' '; }  # NAME=A=1,B=2 -> "A=1 B=2"
 cfg_name() { echo "${1%%=*}"; }
+PARTS=" ${DFLASH_KAB_PARTS:-tests variants e2e models ncu} "
+part() { [[ "$PARTS" == *" $1 "* ]]; }
 
-echo "## test_attention"
-for c in $CONFIGS; do
+part tests && echo "## test_attention"
+part tests && for c in $CONFIGS; do
   n=$(cfg_name "$c")
   # shellcheck disable=SC2046
-  env $(cfg_env "$c") timeout 60 "$BUILD/tests/attention/test_attention" > "$OUT/test_attention_$n.txt" 2>&1 ||
+  env $(cfg_env "$c") timeout 120 "$BUILD/tests/attention/test_attention" > "$OUT/test_attention_$n.txt" 2>&1 ||
     { rc=1; echo "FAILED: test_attention ($n)"; }
   echo "--- $n: $(grep -E '^\[ *(PASSED|FAILED) ' "$OUT/test_attention_$n.txt" | tr '\n' ' ')"
   grep -E '^\[ *FAILED |Failure|Expected|Which is|differs' "$OUT/test_attention_$n.txt" | head -20
 done
-grep -E "larger_gqa4\] (O|dQ|dK|dV):" "$OUT"/test_attention_*.txt
+part tests && grep -E "larger_gqa4\] (O|dQ|dK|dV):|fused backward .*dQ:" "$OUT"/test_attention_*.txt
 
-echo "## attention_bench"
-timeout 90 "$BUILD/bench/attention_bench" --only long --no-sdpa --variants --iters 7 > "$OUT/variants_long.txt" 2>&1 || rc=1
-grep -E "variant|delta" "$OUT/variants_long.txt"
+if part variants; then
+  echo "## attention_bench"
+  timeout 90 "$BUILD/bench/attention_bench" --only long --no-sdpa --variants --iters 7 > "$OUT/variants_long.txt" 2>&1 || rc=1
+  grep -E "variant|delta" "$OUT/variants_long.txt"
+fi
 # DFLASH_KAB_VARIANTS_PER_CONFIG=1: the raw per-stage launches again under each configuration (for
 # knobs that act inside a variant; kernel/NOTES.md v7's exponent experiment used it)
 if [ "${DFLASH_KAB_VARIANTS_PER_CONFIG:-0}" = 1 ]; then
@@ -50,7 +56,7 @@ if [ "${DFLASH_KAB_VARIANTS_PER_CONFIG:-0}" = 1 ]; then
     echo "--- $n (raw launches)"; grep -E "variant|delta" "$OUT/variants_long_$n.txt"
   done
 fi
-for c in $CONFIGS; do
+part e2e && for c in $CONFIGS; do
   n=$(cfg_name "$c")
   in_budget "attention_bench $n" || break
   # shellcheck disable=SC2046
@@ -58,8 +64,8 @@ for c in $CONFIGS; do
   echo "--- $n"; grep -E "^\| (long|train) \| kernel" "$OUT/attention_$n.txt"
 done
 
-echo "## target capture forward and drafter full step"
-for c in $CONFIGS; do
+part models && echo "## target capture forward and drafter full step"
+part models && for c in $CONFIGS; do
   n=$(cfg_name "$c")
   in_budget "target and drafter $n" || break
   # shellcheck disable=SC2046
@@ -75,17 +81,21 @@ for c in $CONFIGS; do
   echo "--- drafter, $n:"; grep -h "^| [0-9]" "$OUT/drafter_long_$n.txt" "$OUT/drafter_train_$n.txt"
 done
 
-if [ "${DFLASH_KAB_NCU:-1}" = 1 ]; then
-  echo "## ncu (long shape)"
+if [ "${DFLASH_KAB_NCU:-1}" = 1 ] && part ncu; then
+  echo "## ncu"
   prof() {  # NAME KERNEL ENV...: one stage under attention_prof.sh, into OUT/ncu_NAME/
-    local name=$1 k=$2; shift 2
-    in_budget "ncu $name" || return 0
-    echo "--- $name"
-    env "$@" DFLASH_PROF_KERNELS="$k" bash bench/gpu/attention_prof.sh "$BUILD" "$OUT/ncu_$name" long || rc=1
+    local name=$1 k=$2 shape; shift 2
+    [[ " ${DFLASH_KAB_PROF:-fwd_v5 fwd_v7 dq dkv} " == *" $name "* ]] || return 0
+    for shape in ${DFLASH_KAB_PROF_SHAPES:-long}; do
+      in_budget "ncu $name $shape" || return 0
+      echo "--- $name ($shape)"
+      env "$@" DFLASH_PROF_KERNELS="$k" bash bench/gpu/attention_prof.sh "$BUILD" "$OUT/ncu_$name" "$shape" || rc=1
+    done
   }
   prof fwd_v5 attn_fwd DFLASH_ATTN_FWD_VARIANT=5
   prof fwd_v7 attn_fwd DFLASH_ATTN_FWD_VARIANT=7
   prof dq attn_bwd_dq
   prof dkv attn_bwd_dkv
+  prof fused attn_bwd_fused DFLASH_ATTN_DKV_VARIANT=7
 fi
 exit $rc

@@ -152,6 +152,15 @@ struct Grads {
   return (x.to(at::kFloat) - ref).abs().max().item<double>();
 }
 [[maybe_unused]] bool has_nan(const at::Tensor& x) { return x.isnan().any().item<bool>(); }
+// How far two bf16 results of one fp32 sum taken in different orders are apart beyond one bf16
+// rounding: max over elements of |a - b| - (2^-7 max(|a|, |b|) + 1e-4 max |b|) (<= 0: each element is
+// the other's value or its bf16 neighbour; the 1e-4 term covers sums that cancel to near zero, where
+// the fp32 order effects, ~1e-7 of the terms, exceed a relative step).
+[[maybe_unused]] double bf16_step_excess(const at::Tensor& x, const at::Tensor& y) {
+  const at::Tensor a = x.to(at::kFloat), b = y.to(at::kFloat);
+  const double big = b.abs().max().item<double>();
+  return ((a - b).abs() - (at::maximum(a.abs(), b.abs()) * (1.0 / 128) + 1e-4 * big)).max().item<double>();
+}
 
 #if DFLASH_ATTENTION_KERNEL
 void fill_strides(const at::Tensor& t, int64_t& sb, int64_t& sh, int64_t& sr) {
@@ -296,13 +305,16 @@ TEST_P(KernelVsReference, MatchesDenseFp32WithinTwiceSdpaError) {
   EXPECT_EQ(kr.o.masked_select(zero_rows).abs().sum().item<float>(), 0.f);
   EXPECT_EQ(kr.dq.masked_select(zero_rows).abs().sum().item<float>(), 0.f);
 
-  // The autograd wrapper gives bit-identical results to the raw launches (same kernels).
+  // The autograd wrapper gives bit-identical results to the raw launches (same kernels); under the
+  // fused backward (DFLASH_ATTN_DKV_VARIANT=7) dQ's fp32 sum has a run-dependent order, so there dQ
+  // agrees to one bf16 rounding (within_one_bf16_step).
   auto qa = q.detach().requires_grad_(true), ka = k.detach().requires_grad_(true),
        va = v.detach().requires_grad_(true);
   auto oa = kernel_attend(qa, ka, va, prep);
   oa.backward(dout);
   EXPECT_TRUE(at::equal(oa, kr.o)) << c.name;
-  EXPECT_TRUE(at::equal(qa.grad(), kr.dq)) << c.name;
+  if (backward_accumulates_dq(c.d)) EXPECT_LE(bf16_step_excess(qa.grad(), kr.dq), 0.0) << c.name << ": dQ (fused)";
+  else EXPECT_TRUE(at::equal(qa.grad(), kr.dq)) << c.name;
   EXPECT_TRUE(at::equal(ka.grad(), kr.dk)) << c.name;
   EXPECT_TRUE(at::equal(va.grad(), kr.dv)) << c.name;
 #endif
@@ -484,9 +496,7 @@ TEST(KernelFusedBackward, EqualsSplitBackward) {
     EXPECT_TRUE(at::equal(g7.dk, g3.dk)) << what << ": dK, max diff " << max_abs(g7.dk, g3.dk.to(at::kFloat));
     EXPECT_TRUE(at::equal(g7.dv, g3.dv)) << what << ": dV, max diff " << max_abs(g7.dv, g3.dv.to(at::kFloat));
     const at::Tensor a = g7.dq.to(at::kFloat), b = g3.dq.to(at::kFloat);
-    const double big = b.abs().max().item<double>();
-    const at::Tensor excess = (a - b).abs() - (at::maximum(a.abs(), b.abs()) * (1.0 / 128) + 1e-4 * big);
-    const double worst = excess.max().item<double>();
+    const double worst = bf16_step_excess(a, b);
     std::printf("[%s] dQ: %.4f%% of elements differ, rel %.3e, worst excess over one bf16 step %.3e\n", what.c_str(),
                 100.0 * a.ne(b).to(at::kFloat).mean().item<double>(), rel_err(g7.dq, b), worst);
     EXPECT_LE(worst, 0.0) << what << ": dQ differs from the split backward's by more than one bf16 rounding";
