@@ -345,7 +345,9 @@ TEST(KernelForwardVariants, VariantsEqualTheSharedMemoryKernelBitwise) {
       at::Tensor o, lse, dq;
     };
     auto run = [&](const char* fwd, const char* dq) {
-      const ScopedEnv f("DFLASH_ATTN_FWD_VARIANT", fwd), d("DFLASH_ATTN_DQ_VARIANT", dq);
+      // the dK/dV variant pinned to the split backward: the fused one (7) runs no dQ pass
+      const ScopedEnv f("DFLASH_ATTN_FWD_VARIANT", fwd), d("DFLASH_ATTN_DQ_VARIANT", dq),
+          kv("DFLASH_ATTN_DKV_VARIANT", "3");
       Run r;
       Grads g = kernel_raw(q, k, v, prep.kernel_meta, dout, &r.lse);
       r.o = g.o;
@@ -459,10 +461,13 @@ TEST(KernelForward128Keys, EqualsVariant7UpToRounding) {
 
 // The fused backward (dK/dV variant 7, kernel/bwd_fused_sm90.cu: 128 keys per CTA, dQ partials added
 // with TMA bulk reduce-adds) against the split one (3, with the default dQ pass): the same per-item
-// products, so dK and dV must be bit-identical (items of the CTA's other key tile add exact zeros);
-// dQ is the same fp32 sum in another order rounded once to bf16, so each element equals the split's or
-// its bf16 neighbour: |a - b| <= 2^-7 max(|a|, |b|), plus 1e-4 of the largest |dQ| for sums that
-// cancel to near zero (fp32 order effects, ~1e-7 of the terms). Rows that see no key: dQ exactly 0.
+// products, so dK and dV must be bit-identical (items of the CTA's other key tile add exact zeros).
+// dQ is not: the fused pass multiplies K by the dK/dV pass's dS^T (from P rounded to bf16, then dS
+// rounded to bf16), the dQ pass by its own dS (another rounding of the same values), so the two differ
+// by bf16 rounding of dS in ~half of the elements (measured: 3.5e-3 relative, the size of the bf16 error
+// itself). Judged against the dense fp32 reference instead: the fused dQ's relative error at most 1.25x the
+// split's (both round dS once to bf16 and sum in fp32; a missing, doubled or misplaced partial gives
+// errors near 1). Rows that see no key: dQ exactly 0.
 // Cases: GQA with an odd number of key tiles (the last CTA's second warpgroup has no keys), one head
 // per KV head, packed documents, unsorted anchors, query tiles that see no key; d = 64 runs the split.
 TEST(KernelFusedBackward, EqualsSplitBackward) {
@@ -496,10 +501,11 @@ TEST(KernelFusedBackward, EqualsSplitBackward) {
     EXPECT_TRUE(at::equal(g7.dk, g3.dk)) << what << ": dK, max diff " << max_abs(g7.dk, g3.dk.to(at::kFloat));
     EXPECT_TRUE(at::equal(g7.dv, g3.dv)) << what << ": dV, max diff " << max_abs(g7.dv, g3.dv.to(at::kFloat));
     const at::Tensor a = g7.dq.to(at::kFloat), b = g3.dq.to(at::kFloat);
-    const double worst = bf16_step_excess(a, b);
-    std::printf("[%s] dQ: %.4f%% of elements differ, rel %.3e, worst excess over one bf16 step %.3e\n", what.c_str(),
-                100.0 * a.ne(b).to(at::kFloat).mean().item<double>(), rel_err(g7.dq, b), worst);
-    EXPECT_LE(worst, 0.0) << what << ": dQ differs from the split backward's by more than one bf16 rounding";
+    const Grads ref = reference(q, k, v, dense_mask(spec), dout);
+    const double e7 = rel_err(g7.dq, ref.dq), e3 = rel_err(g3.dq, ref.dq);
+    std::printf("[%s] dQ: %.2f%% of elements differ from the split's (rel %.3e); against fp32: fused %.3e, split %.3e\n",
+                what.c_str(), 100.0 * a.ne(b).to(at::kFloat).mean().item<double>(), rel_err(g7.dq, b), e7, e3);
+    EXPECT_LE(e7, 1.25 * e3 + 1e-6) << what << ": dQ against fp32";
     if (c.all_dropped_row) {
       auto seen = l3.isfinite().unsqueeze(-1).expand_as(a);
       EXPECT_EQ(a.masked_select(seen.logical_not()).abs().sum().item<float>(), 0.f) << what << ": rows that see no key";
