@@ -544,17 +544,8 @@ void run_bwd(const AttnParams& p, cudaStream_t s, int stage) {
 
 }  // namespace
 
-// The Hopper backward passes' walk over query tiles (AttnParams::bwd_descend; DFLASH_ATTN_BWD_DESCEND = 0:
-// ascending, 1: descending). Read at each launch.
-static int bwd_descend() {
-  static constexpr int kAllowed[] = {0, 1};
-  return kernel_variant_from_env("DFLASH_ATTN_BWD_DESCEND", kAllowed, 2, 0);
-}
-
-void launch_attn_bwd_stage(const AttnParams& params, int stage, void* stream) {
+void launch_attn_bwd_stage(const AttnParams& p, int stage, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
-  AttnParams p = params;
-  p.bwd_descend = bwd_descend();
   if (p.d == 128) run_bwd<128>(p, s, stage);
   else if (p.d == 64) run_bwd<64>(p, s, stage);
   else throw std::runtime_error("dflash attention kernel: head dim must be 64 or 128");

@@ -44,9 +44,8 @@ struct FusedSmem {
   static constexpr int kBytes = 1024 + kDq0 + 2 * kDq;                     // +1024: base alignment
 };
 static_assert(FusedSmem::kBytes <= 227 * 1024, "fused backward: shared memory");
-static_assert(FusedSmem::kK == 0 && FusedSmem::kV == 2 * FusedSmem::kTile, "fused backward: K, V tiles first");
 
-[[maybe_unused]] __device__ __forceinline__ void bulk_add_f32(float* gdst, uint32_t ssrc, int bytes) {
+__device__ __forceinline__ void bulk_add_f32(float* gdst, uint32_t ssrc, int bytes) {
   asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(gdst), "r"(ssrc),
                "r"(bytes)
                : "memory");
@@ -80,20 +79,17 @@ __global__ void __launch_bounds__(kFThreads, 1) attn_bwd_fused_kernel(const Attn
   const int4* qtiles = reinterpret_cast<const int4*>(p.meta.qtiles) + (int64_t)b * nqt;
   const int4* rows = reinterpret_cast<const int4*>(p.meta.rows) + (int64_t)b * nqt * kTileQ;
   const int nitems = (kr.y - kr.x) * G;
-  // item i: query tile qt_of(i) (ascending from kr.x, or descending from kr.y - 1), query head hk G + i % G
-  const int qt0 = p.bwd_descend ? kr.y - 1 : kr.x, qdir = p.bwd_descend ? -1 : 1;
-  auto qt_of = [&](int i) { return qt0 + qdir * (i / G); };
   auto valid_tq = [&](const int4 tq) {  // does query tile record tq see this CTA's 128 keys?
     return (tq.x < n0 + 2 * kTileK && tq.y > n0 && tq.y > tq.x) ||
            (tq.z < n0 + 2 * kTileK && tq.w > n0 && tq.w > tq.z);
   };
-  auto valid = [&](int i) { return valid_tq(qtiles[qt_of(i)]); };
+  auto valid = [&](int i) { return valid_tq(qtiles[kr.x + i / G]); };
   auto next_item = [&](int i) {
     while (i < nitems && !valid(i)) ++i;
     return i;
   };
   auto dq_tile = [&](int i) {  // item i's 64 x 128 fp32 partial in p.dq_accum
-    const int qt = qt_of(i), h = hk * G + i % G;
+    const int qt = kr.x + i / G, h = hk * G + i % G;
     return p.dq_accum + (((int64_t)b * p.Hq + h) * nqt + qt) * (kTileQ * D);
   };
 
@@ -102,7 +98,7 @@ __global__ void __launch_bounds__(kFThreads, 1) attn_bwd_fused_kernel(const Attn
   unsigned char* stage_ptr0 = gbase + S::kStage0;
 
   auto load_item = [&](int i, int buf) {
-    const int qt = qt_of(i), h = hk * G + i % G;
+    const int qt = kr.x + i / G, h = hk * G + i % G;
     const int m0 = qt * kTileQ;
     const uint32_t st = sStage0 + buf * S::kStageAligned;
     load_tile_w<kTileQ, D, kFThreads>(st, static_cast<const bf16*>(p.q) + b * p.q_sb + h * p.q_sh, p.q_sr, m0,
@@ -145,7 +141,7 @@ __global__ void __launch_bounds__(kFThreads, 1) attn_bwd_fused_kernel(const Attn
   uint32_t da[4][4];        // dS^T(i-1): A operand of dK(i-1), in flight into item i
   while (item < nitems) {
     const int cand = item + 1;
-    const int4 tq_cand = cand < nitems ? qtiles[qt_of(cand)] : make_int4(0, 0, 0, 0);
+    const int4 tq_cand = cand < nitems ? qtiles[kr.x + cand / G] : make_int4(0, 0, 0, 0);
     if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
     cp_async_wait<0>();
     fence_proxy_async();

@@ -59,14 +59,11 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dkv_wgmma_kernel(const
   const int4* qtiles = reinterpret_cast<const int4*>(p.meta.qtiles) + (int64_t)b * nqt;
   const int4* rows = reinterpret_cast<const int4*>(p.meta.rows) + (int64_t)b * nqt * kTileQ;
   const int nitems = (kr.y - kr.x) * G;
-  // item i: query tile qt_of(i) (ascending from kr.x, or descending from kr.y - 1), query head hk G + i % G
-  const int qt0 = p.bwd_descend ? kr.y - 1 : kr.x, qdir = p.bwd_descend ? -1 : 1;
-  auto qt_of = [&](int i) { return qt0 + qdir * (i / G); };
   auto valid_tq = [&](const int4 tq) {  // does query tile record tq see this key tile?
     return (tq.x < n0 + kTileK && tq.y > n0 && tq.y > tq.x) ||
            (tq.z < n0 + kTileK && tq.w > n0 && tq.w > tq.z);
   };
-  auto valid = [&](int i) { return valid_tq(qtiles[qt_of(i)]); };
+  auto valid = [&](int i) { return valid_tq(qtiles[kr.x + i / G]); };
   auto next_item = [&](int i) {
     while (i < nitems && !valid(i)) ++i;
     return i;
@@ -76,7 +73,7 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dkv_wgmma_kernel(const
   unsigned char* stage_ptr0 = gbase + 2 * S::kTile;
 
   auto load_item = [&](int i, int buf) {
-    const int qt = qt_of(i), h = hk * G + i % G;
+    const int qt = kr.x + i / G, h = hk * G + i % G;
     const int m0 = qt * kTileQ;
     const uint32_t st = sStage0 + buf * S::kStageAligned;
     load_tile_w<kTileQ, D, kWgThreads>(st, static_cast<const bf16*>(p.q) + b * p.q_sb + h * p.q_sh, p.q_sr, m0,
@@ -125,7 +122,7 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dkv_wgmma_kernel(const
     // are issued: the test right after the block barrier waited for that global load (ncu: 4.4% of
     // the pass's stall samples on one instruction).
     const int cand = item + 1;
-    const int4 tq_cand = cand < nitems ? qtiles[qt_of(cand)] : make_int4(0, 0, 0, 0);
+    const int4 tq_cand = cand < nitems ? qtiles[kr.x + cand / G] : make_int4(0, 0, 0, 0);
     cp_async_wait<0>();
     fence_proxy_async();
     __syncthreads();
