@@ -44,8 +44,9 @@ struct FusedSmem {
   static constexpr int kBytes = 1024 + kDq0 + 2 * kDq;                     // +1024: base alignment
 };
 static_assert(FusedSmem::kBytes <= 227 * 1024, "fused backward: shared memory");
+static_assert(FusedSmem::kK == 0 && FusedSmem::kV == 2 * FusedSmem::kTile, "fused backward: K, V tiles first");
 
-__device__ __forceinline__ void bulk_add_f32(float* gdst, uint32_t ssrc, int bytes) {
+[[maybe_unused]] __device__ __forceinline__ void bulk_add_f32(float* gdst, uint32_t ssrc, int bytes) {
   asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(gdst), "r"(ssrc),
                "r"(bytes)
                : "memory");
