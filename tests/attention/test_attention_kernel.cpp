@@ -465,9 +465,10 @@ TEST(KernelForward128Keys, EqualsVariant7UpToRounding) {
 // dQ is not: the fused pass multiplies K by the dK/dV pass's dS^T (from P rounded to bf16, then dS
 // rounded to bf16), the dQ pass by its own dS (another rounding of the same values), so the two differ
 // by bf16 rounding of dS in ~half of the elements (measured: 3.5e-3 relative, the size of the bf16 error
-// itself). Judged against the dense fp32 reference instead: the fused dQ's relative error at most 1.25x the
-// split's (both round dS once to bf16 and sum in fp32; a missing, doubled or misplaced partial gives
-// errors near 1). Rows that see no key: dQ exactly 0.
+// itself). Judged against the dense fp32 reference instead, with the suite's yardstick: the fused dQ's
+// relative error at most 2x the split's (the fused pass rounds P to bf16 before forming dS, one rounding
+// more than the dQ pass, so up to ~sqrt(2)x; larger_gqa4 measured 2.96e-3 against 2.42e-3, 1.22x; a
+// missing, doubled or misplaced partial gives errors near 1). Rows that see no key: dQ exactly 0.
 // Cases: GQA with an odd number of key tiles (the last CTA's second warpgroup has no keys), one head
 // per KV head, packed documents, unsorted anchors, query tiles that see no key; d = 64 runs the split.
 TEST(KernelFusedBackward, EqualsSplitBackward) {
@@ -505,7 +506,7 @@ TEST(KernelFusedBackward, EqualsSplitBackward) {
     const double e7 = rel_err(g7.dq, ref.dq), e3 = rel_err(g3.dq, ref.dq);
     std::printf("[%s] dQ: %.2f%% of elements differ from the split's (rel %.3e); against fp32: fused %.3e, split %.3e\n",
                 what.c_str(), 100.0 * a.ne(b).to(at::kFloat).mean().item<double>(), rel_err(g7.dq, b), e7, e3);
-    EXPECT_LE(e7, 1.25 * e3 + 1e-6) << what << ": dQ against fp32";
+    EXPECT_LE(e7, 2.0 * e3 + 1e-6) << what << ": dQ against fp32";
     if (c.all_dropped_row) {
       auto seen = l3.isfinite().unsqueeze(-1).expand_as(a);
       EXPECT_EQ(a.masked_select(seen.logical_not()).abs().sum().item<float>(), 0.f) << what << ": rows that see no key";
