@@ -29,16 +29,18 @@ cfg_name() { echo "${1%%=*}"; }
 PARTS=" ${DFLASH_KAB_PARTS:-tests variants e2e models ncu} "
 part() { [[ "$PARTS" == *" $1 "* ]]; }
 
-part tests && echo "## test_attention"
-part tests && for c in $CONFIGS; do
-  n=$(cfg_name "$c")
-  # shellcheck disable=SC2046
-  env $(cfg_env "$c") timeout 120 "$BUILD/tests/attention/test_attention" > "$OUT/test_attention_$n.txt" 2>&1 ||
-    { rc=1; echo "FAILED: test_attention ($n)"; }
-  echo "--- $n: $(grep -E '^\[ *(PASSED|FAILED) ' "$OUT/test_attention_$n.txt" | tr '\n' ' ')"
-  grep -E '^\[ *FAILED |Failure|Expected|Which is|differs' "$OUT/test_attention_$n.txt" | head -20
-done
-part tests && grep -E "larger_gqa4\] (O|dQ|dK|dV):|fused backward .*dQ:" "$OUT"/test_attention_*.txt
+if part tests; then
+  echo "## test_attention"
+  for c in $CONFIGS; do
+    n=$(cfg_name "$c")
+    # shellcheck disable=SC2046
+    env $(cfg_env "$c") timeout 120 "$BUILD/tests/attention/test_attention" > "$OUT/test_attention_$n.txt" 2>&1 ||
+      { rc=1; echo "FAILED: test_attention ($n)"; }
+    echo "--- $n: $(grep -E '^\[ *(PASSED|FAILED) ' "$OUT/test_attention_$n.txt" | tr '\n' ' ')"
+    grep -E '^\[ *FAILED |Failure|Expected|Which is|differs' "$OUT/test_attention_$n.txt" | head -20
+  done
+  grep -E "larger_gqa4\] (O|dQ|dK|dV):|fused backward .*dQ:" "$OUT"/test_attention_*.txt
+fi
 
 if part variants; then
   echo "## attention_bench"
@@ -64,22 +66,24 @@ part e2e && for c in $CONFIGS; do
   echo "--- $n"; grep -E "^\| (long|train) \| kernel" "$OUT/attention_$n.txt"
 done
 
-part models && echo "## target capture forward and drafter full step"
-part models && for c in $CONFIGS; do
-  n=$(cfg_name "$c")
-  in_budget "target and drafter $n" || break
-  # shellcheck disable=SC2046
-  env $(cfg_env "$c") timeout 120 "$BUILD/bench/target_bench" forward --shapes 8x2048,1x40000 --iters 4 \
-    > "$OUT/target_$n.txt" 2>&1 || rc=1
-  echo "--- target, $n:"; grep -A3 "^shape" "$OUT/target_$n.txt" | grep -E "^(shape|[0-9]+x[0-9]+) " | head -4
-  # shellcheck disable=SC2046
-  env $(cfg_env "$c") timeout 120 "$BUILD/bench/drafter_bench" --seq 40000 --rows 1 --anchors 2048 --attention kernel \
-    --optimizer --iters 3 --warmup 1 > "$OUT/drafter_long_$n.txt" 2>&1 || rc=1
-  # shellcheck disable=SC2046
-  env $(cfg_env "$c") timeout 120 "$BUILD/bench/drafter_bench" --seq 3072 --rows 4 --anchors 512 --attention kernel \
-    --optimizer --iters 5 --warmup 2 > "$OUT/drafter_train_$n.txt" 2>&1 || rc=1
-  echo "--- drafter, $n:"; grep -h "^| [0-9]" "$OUT/drafter_long_$n.txt" "$OUT/drafter_train_$n.txt"
-done
+if part models; then
+  echo "## target capture forward and drafter full step"
+  for c in $CONFIGS; do
+    n=$(cfg_name "$c")
+    in_budget "target and drafter $n" || break
+    # shellcheck disable=SC2046
+    env $(cfg_env "$c") timeout 120 "$BUILD/bench/target_bench" forward --shapes 8x2048,1x40000 --iters 4 \
+      > "$OUT/target_$n.txt" 2>&1 || rc=1
+    echo "--- target, $n:"; grep -A3 "^shape" "$OUT/target_$n.txt" | grep -E "^(shape|[0-9]+x[0-9]+) " | head -4
+    # shellcheck disable=SC2046
+    env $(cfg_env "$c") timeout 120 "$BUILD/bench/drafter_bench" --seq 40000 --rows 1 --anchors 2048 --attention kernel \
+      --optimizer --iters 3 --warmup 1 > "$OUT/drafter_long_$n.txt" 2>&1 || rc=1
+    # shellcheck disable=SC2046
+    env $(cfg_env "$c") timeout 120 "$BUILD/bench/drafter_bench" --seq 3072 --rows 4 --anchors 512 --attention kernel \
+      --optimizer --iters 5 --warmup 2 > "$OUT/drafter_train_$n.txt" 2>&1 || rc=1
+    echo "--- drafter, $n:"; grep -h "^| [0-9]" "$OUT/drafter_long_$n.txt" "$OUT/drafter_train_$n.txt"
+  done
+fi
 
 if [ "${DFLASH_KAB_NCU:-1}" = 1 ] && part ncu; then
   echo "## ncu"

@@ -307,7 +307,7 @@ TEST_P(KernelVsReference, MatchesDenseFp32WithinTwiceSdpaError) {
 
   // The autograd wrapper gives bit-identical results to the raw launches (same kernels); under the
   // fused backward (DFLASH_ATTN_DKV_VARIANT=7) dQ's fp32 sum has a run-dependent order, so there dQ
-  // agrees to one bf16 rounding (within_one_bf16_step).
+  // agrees to one bf16 rounding (bf16_step_excess).
   auto qa = q.detach().requires_grad_(true), ka = k.detach().requires_grad_(true),
        va = v.detach().requires_grad_(true);
   auto oa = kernel_attend(qa, ka, va, prep);
@@ -467,7 +467,8 @@ TEST(KernelForward128Keys, EqualsVariant7UpToRounding) {
 // by bf16 rounding of dS in ~half of the elements (measured: 3.5e-3 relative, the size of the bf16 error
 // itself). Judged against the dense fp32 reference instead, with the suite's yardstick: the fused dQ's
 // relative error at most 2x the split's (the fused pass rounds P to bf16 before forming dS, one rounding
-// more than the dQ pass, so up to ~sqrt(2)x; larger_gqa4 measured 2.96e-3 against 2.42e-3, 1.22x; a
+// more than the dQ pass, so up to ~sqrt(2)x; larger_gqa4 measured 2.96e-3 fused, 2.42e-3 split in an
+// earlier run: 1.22x; a
 // missing, doubled or misplaced partial gives errors near 1). Rows that see no key: dQ exactly 0.
 // Cases: GQA with an odd number of key tiles (the last CTA's second warpgroup has no keys), one head
 // per KV head, packed documents, unsorted anchors, query tiles that see no key; d = 64 runs the split.
