@@ -85,6 +85,11 @@ struct AttnParams {
   // rescaled (kernel/tile_math.cuh softmax_step); 0 = rescale whenever a maximum grows.
   // launch_attn_fwd sets it from DFLASH_ATTN_RESCALE_SLACK = 0 or kRescaleSlackDefault.
   float rescale_slack = float(kRescaleSlackDefault);
+  // backward (dK/dV pass and fused pass): 1 = each key tile walks its query tiles from the last one
+  // down, 0 = from the first one up. Descending, the key tiles of one KV head (whose ranges share their
+  // end: every anchor after a key sees it) visit the same query tiles at the same time, so their Q/dO
+  // loads and dQ partials meet in L2. launch_attn_bwd sets it from DFLASH_ATTN_BWD_DESCEND (default 1).
+  int bwd_descend = 1;
   KernelMeta meta;
 };
 

@@ -544,8 +544,18 @@ void run_bwd(const AttnParams& p, cudaStream_t s, int stage) {
 
 }  // namespace
 
-void launch_attn_bwd_stage(const AttnParams& p, int stage, void* stream) {
+// The Hopper backward passes' walk over query tiles (AttnParams::bwd_descend; DFLASH_ATTN_BWD_DESCEND = 1:
+// descending, the default since 2026-12-06, recipe shape 8.6-8.8 -> 7.8-8.2 ms fwd+bwd on an H100,
+// bench/RESULTS.md; 0: ascending, the A/B and test oracle). Read at each launch.
+static int bwd_descend() {
+  static constexpr int kAllowed[] = {0, 1};
+  return kernel_variant_from_env("DFLASH_ATTN_BWD_DESCEND", kAllowed, 2, 1);
+}
+
+void launch_attn_bwd_stage(const AttnParams& params, int stage, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
+  AttnParams p = params;
+  p.bwd_descend = bwd_descend();
   if (p.d == 128) run_bwd<128>(p, s, stage);
   else if (p.d == 64) run_bwd<64>(p, s, stage);
   else throw std::runtime_error("dflash attention kernel: head dim must be 64 or 128");

@@ -20,6 +20,7 @@
 #include "core/launch_check.h"
 #include "attention/kernel/common.cuh"
 #include "attention/kernel/wgmma.cuh"
+#include "attention/kernel/bwd_item.cuh"
 
 namespace dflash::attention {
 namespace {
@@ -59,11 +60,14 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dkv_wgmma_kernel(const
   const int4* qtiles = reinterpret_cast<const int4*>(p.meta.qtiles) + (int64_t)b * nqt;
   const int4* rows = reinterpret_cast<const int4*>(p.meta.rows) + (int64_t)b * nqt * kTileQ;
   const int nitems = (kr.y - kr.x) * G;
+  // item i: query tile qt_of(i) (ascending from kr.x, or descending from kr.y - 1), query head hk G + i % G
+  const int qt0 = p.bwd_descend ? kr.y - 1 : kr.x, qdir = p.bwd_descend ? -1 : 1;
+  auto qt_of = [&](int i) { return qt0 + qdir * (i / G); };
   auto valid_tq = [&](const int4 tq) {  // does query tile record tq see this key tile?
     return (tq.x < n0 + kTileK && tq.y > n0 && tq.y > tq.x) ||
            (tq.z < n0 + kTileK && tq.w > n0 && tq.w > tq.z);
   };
-  auto valid = [&](int i) { return valid_tq(qtiles[kr.x + i / G]); };
+  auto valid = [&](int i) { return valid_tq(qtiles[qt_of(i)]); };
   auto next_item = [&](int i) {
     while (i < nitems && !valid(i)) ++i;
     return i;
@@ -73,7 +77,7 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dkv_wgmma_kernel(const
   unsigned char* stage_ptr0 = gbase + 2 * S::kTile;
 
   auto load_item = [&](int i, int buf) {
-    const int qt = kr.x + i / G, h = hk * G + i % G;
+    const int qt = qt_of(i), h = hk * G + i % G;
     const int m0 = qt * kTileQ;
     const uint32_t st = sStage0 + buf * S::kStageAligned;
     load_tile_w<kTileQ, D, kWgThreads>(st, static_cast<const bf16*>(p.q) + b * p.q_sb + h * p.q_sh, p.q_sr, m0,
@@ -122,7 +126,7 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dkv_wgmma_kernel(const
     // are issued: the test right after the block barrier waited for that global load (ncu: 4.4% of
     // the pass's stall samples on one instruction).
     const int cand = item + 1;
-    const int4 tq_cand = cand < nitems ? qtiles[kr.x + cand / G] : make_int4(0, 0, 0, 0);
+    const int4 tq_cand = cand < nitems ? qtiles[qt_of(cand)] : make_int4(0, 0, 0, 0);
     cp_async_wait<0>();
     fence_proxy_async();
     __syncthreads();
@@ -151,41 +155,10 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dkv_wgmma_kernel(const
     if (nxt < nitems) load_item(nxt, buf ^ 1);
     cp_async_commit();
 
-    // P^T = exp2(S^T * scale*log2e - lse*log2e) (0 where masked: S := -inf there). A row that sees
-    // no key has lse = -inf; its l2 is taken as +inf so that P = 0 without NaN.
-    const int kw = n0 + warp * 16;
-    const int4 r0 = sRows[lane], r1 = sRows[lane + 32];
-    const bool wfull = __all_sync(0xffffffffu, kw >= r0.x && kw + 16 <= r0.y && kw >= r1.x &&
-                                                   kw + 16 <= r1.y);
-    if (!wfull) {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          // The test of visible() (common.cuh), written with bitwise operators: visible()'s
-          // short-circuit form compiles to branches here (61 against 29 in this kernel) and
-          // 14 more registers; made bitwise there, it spills more in the sm_80 dK/dV kernel.
-          const int4 rm = sRows[j * 8 + 2 * t4 + e];
-          const bool va = ((keyA >= rm.x) & (keyA < rm.y)) | ((keyA >= rm.z) & (keyA < rm.w));
-          const bool vb = ((keyB >= rm.x) & (keyB < rm.y)) | ((keyB >= rm.z) & (keyB < rm.w));
-          st[j][e] = va ? st[j][e] : -INFINITY;
-          st[j][2 + e] = vb ? st[j][2 + e] : -INFINITY;
-        }
-      }
-    }
+    // P^T (0 where masked) as bf16 A fragments (bwd_item.cuh)
+    bwd_mask_st(st, sRows, n0 + warp * 16, lane, t4, keyA, keyB);
     uint32_t pa[4][4];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float2 lv = *reinterpret_cast<const float2*>(sL + j * 8 + 2 * t4);
-      const float l0 = lv.x == -INFINITY ? INFINITY : lv.x * kLog2e;
-      const float l1 = lv.y == -INFINITY ? INFINITY : lv.y * kLog2e;
-      st[j][0] = ex2(fmaf(st[j][0], sl2, -l0));
-      st[j][1] = ex2(fmaf(st[j][1], sl2, -l1));
-      st[j][2] = ex2(fmaf(st[j][2], sl2, -l0));
-      st[j][3] = ex2(fmaf(st[j][3], sl2, -l1));
-    }
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) acc_to_a(st[2 * kk], st[2 * kk + 1], pa[kk]);
+    bwd_p_from_st(st, sL, t4, sl2, pa);
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) wgmma_rs_nd_tb<D>(dv, pa[kk], desc_mn<kTileQ>(sdO, kk));
@@ -193,20 +166,8 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dkv_wgmma_kernel(const
     wg_wait<1>();
     reg_fence(dpt);
 
-    // dS^T = P^T * (dP^T - delta), with P as rounded to bf16 for the dV product (pa): holding
-    // the fp32 P as well would not fit in the registers next to dK, dV and the in-flight pa.
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float2 dl = *reinterpret_cast<const float2*>(sD + j * 8 + 2 * t4);
-      const float2 pA = __bfloat1622float2(reinterpret_cast<const __nv_bfloat162&>(pa[j / 2][(j & 1) * 2]));
-      const float2 pB = __bfloat1622float2(reinterpret_cast<const __nv_bfloat162&>(pa[j / 2][(j & 1) * 2 + 1]));
-      dpt[j][0] = pA.x * (dpt[j][0] - dl.x);
-      dpt[j][1] = pA.y * (dpt[j][1] - dl.y);
-      dpt[j][2] = pB.x * (dpt[j][2] - dl.x);
-      dpt[j][3] = pB.y * (dpt[j][3] - dl.y);
-    }
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) acc_to_a(dpt[2 * kk], dpt[2 * kk + 1], da[kk]);
+    // dS^T = P^T * (dP^T - delta) as bf16 A fragments (bwd_item.cuh)
+    bwd_ds_from_dpt(dpt, sD, t4, pa, da);
     wg_fence();
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) wgmma_rs_nd_tb<D>(dk, da[kk], desc_mn<kTileQ>(sQ, kk));

@@ -516,6 +516,42 @@ TEST(KernelFusedBackward, EqualsSplitBackward) {
 #endif
 }
 
+// The backward's descending walk over query tiles (DFLASH_ATTN_BWD_DESCEND=1) against the ascending one:
+// the dQ pass does not walk key tiles' items, so dQ is bit-identical; dK and dV are the same per-item
+// products summed in the reverse order in fp32, so each element equals the ascending result or its bf16
+// neighbour (bf16_step_excess <= 0). Under the fused backward (7) the descending walk keeps dK and dV
+// bit-identical to the split backward's descending walk (the fused pass adds the same products in the
+// same order).
+TEST(KernelBackwardWalk, DescendingEqualsAscendingUpToOrder) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device or kernel not built";
+#if DFLASH_ATTENTION_KERNEL
+  for (const Case& c : {Case{"d128_gqa", 2, 8, 2, 40, 16, 700, 128, 2, true, 0.1, false},
+                        Case{"unsorted_d64", 1, 4, 2, 23, 16, 333, 64, 1, false, 0.1, false}}) {
+    std::mt19937 rng(17 + c.d);
+    at::manual_seed(19 + c.d);
+    const at::Device dev(at::kCUDA, 0);
+    const MaskSpec spec = make_spec(c, rng);
+    auto [q, k, v, dout] = random_qkv_dout(c, dev);
+    const Prepared prep = kernel_prepared(spec, dev);
+    auto run = [&](const char* descend, const char* dkv) {
+      const ScopedEnv e("DFLASH_ATTN_BWD_DESCEND", descend), kv("DFLASH_ATTN_DKV_VARIANT", dkv);
+      return kernel_raw(q, k, v, prep.kernel_meta, dout, nullptr);
+    };
+    const Grads up = run("0", "3"), down = run("1", "3");
+    const std::string what = std::string("descending walk ") + c.name;
+    ASSERT_FALSE(has_nan(down.dk) || has_nan(down.dv)) << what;
+    EXPECT_TRUE(at::equal(down.dq, up.dq)) << what << ": dQ";
+    EXPECT_LE(bf16_step_excess(down.dk, up.dk), 0.0) << what << ": dK";
+    EXPECT_LE(bf16_step_excess(down.dv, up.dv), 0.0) << what << ": dV";
+    std::printf("[%s] dK: %.2f%% of elements differ, dV: %.2f%%\n", what.c_str(),
+                100.0 * down.dk.ne(up.dk).to(at::kFloat).mean().item<double>(),
+                100.0 * down.dv.ne(up.dv).to(at::kFloat).mean().item<double>());
+    const Grads fused = run("1", "7");
+    EXPECT_TRUE(at::equal(fused.dk, down.dk) && at::equal(fused.dv, down.dv)) << what << ": fused dK/dV";
+  }
+#endif
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Shapes, KernelVsReference,
     ::testing::Values(

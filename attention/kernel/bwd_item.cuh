@@ -1,0 +1,75 @@
+// The per-item arithmetic of the Hopper dK/dV pass (bwd_sm90.cu) and the fused pass (bwd_fused_sm90.cu),
+// one warpgroup's 64 keys against one 64-row query tile, on the m64n64 accumulators of S^T and dP^T
+// (thread: keys 16 warp + g and + 8, query rows 8 j + 2 t4 + e). Shared so that the two passes stay
+// the same products in the same order (the fused pass's dK and dV are bit-identical to the split's).
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include "attention/kernel/common.cuh"
+#include "attention/kernel/wgmma.cuh"
+
+namespace dflash::attention::dev {
+
+// S^T := -inf where key keyA / keyB is not visible to the query row (row records sRows: two key ranges
+// [x, y), [z, w) per row). Skipped when every row of the tile sees all 16 keys of the warp (kw: its first).
+__device__ __forceinline__ void bwd_mask_st(float (&st)[8][4], const int4* sRows, int kw, int lane, int t4, int keyA,
+                                            int keyB) {
+  const int4 r0 = sRows[lane], r1 = sRows[lane + 32];
+  const bool wfull = __all_sync(0xffffffffu, kw >= r0.x && kw + 16 <= r0.y && kw >= r1.x && kw + 16 <= r1.y);
+  if (!wfull) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        // The test of visible() (common.cuh), written with bitwise operators: visible()'s
+        // short-circuit form compiles to branches here (61 against 29 in the dK/dV kernel) and
+        // 14 more registers; made bitwise there, it spills more in the sm_80 dK/dV kernel.
+        const int4 rm = sRows[j * 8 + 2 * t4 + e];
+        const bool va = ((keyA >= rm.x) & (keyA < rm.y)) | ((keyA >= rm.z) & (keyA < rm.w));
+        const bool vb = ((keyB >= rm.x) & (keyB < rm.y)) | ((keyB >= rm.z) & (keyB < rm.w));
+        st[j][e] = va ? st[j][e] : -INFINITY;
+        st[j][2 + e] = vb ? st[j][2 + e] : -INFINITY;
+      }
+    }
+  }
+}
+
+// P^T = exp2(S^T * scale*log2e - lse*log2e) into st, then as bf16 A fragments (pa). A row that sees no key
+// has lse = -inf; its l2 is taken as +inf so that P = 0 without NaN.
+__device__ __forceinline__ void bwd_p_from_st(float (&st)[8][4], const float* sL, int t4, float sl2,
+                                              uint32_t (&pa)[4][4]) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float2 lv = *reinterpret_cast<const float2*>(sL + j * 8 + 2 * t4);
+    const float l0 = lv.x == -INFINITY ? INFINITY : lv.x * kLog2e;
+    const float l1 = lv.y == -INFINITY ? INFINITY : lv.y * kLog2e;
+    st[j][0] = ex2(fmaf(st[j][0], sl2, -l0));
+    st[j][1] = ex2(fmaf(st[j][1], sl2, -l1));
+    st[j][2] = ex2(fmaf(st[j][2], sl2, -l0));
+    st[j][3] = ex2(fmaf(st[j][3], sl2, -l1));
+  }
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) acc_to_a(st[2 * kk], st[2 * kk + 1], pa[kk]);
+}
+
+// dS^T = P^T * (dP^T - delta) into dpt, then as bf16 A fragments (da), with P as rounded to bf16 for the
+// dV product (pa): holding the fp32 P as well would not fit in the registers next to dK, dV and the
+// in-flight pa.
+__device__ __forceinline__ void bwd_ds_from_dpt(float (&dpt)[8][4], const float* sD, int t4, const uint32_t (&pa)[4][4],
+                                                uint32_t (&da)[4][4]) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float2 dl = *reinterpret_cast<const float2*>(sD + j * 8 + 2 * t4);
+    const float2 pA = __bfloat1622float2(reinterpret_cast<const __nv_bfloat162&>(pa[j / 2][(j & 1) * 2]));
+    const float2 pB = __bfloat1622float2(reinterpret_cast<const __nv_bfloat162&>(pa[j / 2][(j & 1) * 2 + 1]));
+    dpt[j][0] = pA.x * (dpt[j][0] - dl.x);
+    dpt[j][1] = pA.y * (dpt[j][1] - dl.y);
+    dpt[j][2] = pB.x * (dpt[j][2] - dl.x);
+    dpt[j][3] = pB.y * (dpt[j][3] - dl.y);
+  }
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) acc_to_a(dpt[2 * kk], dpt[2 * kk + 1], da[kk]);
+}
+
+}  // namespace dflash::attention::dev
