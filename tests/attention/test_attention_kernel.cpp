@@ -256,6 +256,21 @@ Prepared kernel_prepared(const MaskSpec& spec, at::Device dev) {
   p.kernel_meta = kernel_prepare_meta(spec, dev);
   return p;
 }
+
+// One case's inputs on GPU 0 for the tests that compare kernel variants: the mask from
+// std::mt19937(rng_seed), q/k/v/dout from at::manual_seed(torch_seed), the kernel's metadata.
+struct GpuCase {
+  at::Tensor q, k, v, dout;
+  Prepared prep;
+};
+GpuCase gpu_case(const Case& c, unsigned rng_seed, uint64_t torch_seed) {
+  std::mt19937 rng(rng_seed);
+  at::manual_seed(torch_seed);
+  const at::Device dev(at::kCUDA, 0);
+  const MaskSpec spec = make_spec(c, rng);
+  auto [q, k, v, dout] = random_qkv_dout(c, dev);
+  return {q, k, v, dout, kernel_prepared(spec, dev)};
+}
 #endif
 
 class KernelVsReference : public ::testing::TestWithParam<Case> {};
@@ -335,12 +350,7 @@ TEST(KernelForwardVariants, VariantsEqualTheSharedMemoryKernelBitwise) {
   for (const Case& c : {Case{"d128", 2, 8, 2, 40, 16, 700, 128, 2, true, 0.1, false},
                         Case{"d64_unsorted", 1, 4, 2, 23, 16, 333, 64, 1, false, 0.1, false},
                         Case{"d128_dropped_row", 2, 4, 2, 9, 16, 130, 128, 1, true, 0.0, true}}) {
-    std::mt19937 rng(99 + c.d);
-    at::manual_seed(7 + c.d);
-    const at::Device dev(at::kCUDA, 0);
-    const MaskSpec spec = make_spec(c, rng);
-    auto [q, k, v, dout] = random_qkv_dout(c, dev);
-    const Prepared prep = kernel_prepared(spec, dev);
+    auto [q, k, v, dout, prep] = gpu_case(c, 99 + c.d, 7 + c.d);
     struct Run {
       at::Tensor o, lse, dq;
     };
@@ -408,12 +418,7 @@ TEST(KernelRescaleSlack, StaleMaximaEqualExactUpToRounding) {
   for (const Case& c : {Case{"peaked", 2, 4, 2, 24, 16, 700, 128, 1, true, 0.05, false, 8.f},
                         Case{"unit", 2, 4, 2, 24, 16, 700, 128, 1, true, 0.05, false, 1.f},
                         Case{"peaked_d64", 1, 4, 2, 23, 16, 333, 64, 1, false, 0.1, false, 8.f}}) {
-    std::mt19937 rng(5 + c.d);
-    at::manual_seed(11 + c.d);
-    const at::Device dev(at::kCUDA, 0);
-    const MaskSpec spec = make_spec(c, rng);
-    auto [q, k, v, dout] = random_qkv_dout(c, dev);
-    const Prepared prep = kernel_prepared(spec, dev);
+    auto [q, k, v, dout, prep] = gpu_case(c, 5 + c.d, 11 + c.d);
     auto run = [&](const char* slack, at::Tensor* lse) {
       const ScopedEnv e("DFLASH_ATTN_RESCALE_SLACK", slack);
       return kernel_raw(q, k, v, prep.kernel_meta, dout, lse);
@@ -439,12 +444,7 @@ TEST(KernelForward128Keys, EqualsVariant7UpToRounding) {
                         Case{"d128_dropped_row", 2, 4, 2, 9, 16, 130, 128, 1, true, 0.0, true},
                         Case{"packed_docs", 1, 4, 1, 24, 16, 300, 128, 3, true, 0.1, false},
                         Case{"peaked", 2, 4, 2, 24, 16, 700, 128, 1, true, 0.05, false, 8.f}}) {
-    std::mt19937 rng(21 + c.d);
-    at::manual_seed(31 + c.d);
-    const at::Device dev(at::kCUDA, 0);
-    const MaskSpec spec = make_spec(c, rng);
-    auto [q, k, v, dout] = random_qkv_dout(c, dev);
-    const Prepared prep = kernel_prepared(spec, dev);
+    auto [q, k, v, dout, prep] = gpu_case(c, 21 + c.d, 31 + c.d);
     auto run = [&](const char* fwd, at::Tensor* lse) {
       const ScopedEnv e("DFLASH_ATTN_FWD_VARIANT", fwd);
       return kernel_raw(q, k, v, prep.kernel_meta, dout, lse);
@@ -481,12 +481,7 @@ TEST(KernelFusedBackward, EqualsSplitBackward) {
                         Case{"unsorted", 2, 4, 2, 20, 16, 333, 128, 1, false, 0.1, false},
                         Case{"dropped_row", 2, 4, 2, 9, 16, 130, 128, 1, true, 0.0, true},
                         Case{"d64", 1, 4, 2, 23, 16, 333, 64, 1, false, 0.1, false}}) {
-    std::mt19937 rng(41 + c.d);
-    at::manual_seed(43 + c.d);
-    const at::Device dev(at::kCUDA, 0);
-    const MaskSpec spec = make_spec(c, rng);
-    auto [q, k, v, dout] = random_qkv_dout(c, dev);
-    const Prepared prep = kernel_prepared(spec, dev);
+    auto [q, k, v, dout, prep] = gpu_case(c, 41 + c.d, 43 + c.d);
     auto run = [&](const char* dkv, at::Tensor* lse, bool* fused) {
       const ScopedEnv e("DFLASH_ATTN_DKV_VARIANT", dkv);
       *fused = backward_accumulates_dq(c.d);
@@ -503,7 +498,7 @@ TEST(KernelFusedBackward, EqualsSplitBackward) {
     EXPECT_TRUE(at::equal(g7.dk, g3.dk)) << what << ": dK, max diff " << max_abs(g7.dk, g3.dk.to(at::kFloat));
     EXPECT_TRUE(at::equal(g7.dv, g3.dv)) << what << ": dV, max diff " << max_abs(g7.dv, g3.dv.to(at::kFloat));
     const at::Tensor a = g7.dq.to(at::kFloat), b = g3.dq.to(at::kFloat);
-    const Grads ref = reference(q, k, v, dense_mask(spec), dout);
+    const Grads ref = reference(q, k, v, dense_mask(prep.spec), dout);
     const double e7 = rel_err(g7.dq, ref.dq), e3 = rel_err(g3.dq, ref.dq);
     std::printf("[%s] dQ: %.2f%% of elements differ from the split's (rel %.3e); against fp32: fused %.3e, split %.3e\n",
                 what.c_str(), 100.0 * a.ne(b).to(at::kFloat).mean().item<double>(), rel_err(g7.dq, b), e7, e3);
@@ -527,12 +522,7 @@ TEST(KernelBackwardWalk, DescendingEqualsAscendingUpToOrder) {
 #if DFLASH_ATTENTION_KERNEL
   for (const Case& c : {Case{"d128_gqa", 2, 8, 2, 40, 16, 700, 128, 2, true, 0.1, false},
                         Case{"unsorted_d64", 1, 4, 2, 23, 16, 333, 64, 1, false, 0.1, false}}) {
-    std::mt19937 rng(17 + c.d);
-    at::manual_seed(19 + c.d);
-    const at::Device dev(at::kCUDA, 0);
-    const MaskSpec spec = make_spec(c, rng);
-    auto [q, k, v, dout] = random_qkv_dout(c, dev);
-    const Prepared prep = kernel_prepared(spec, dev);
+    auto [q, k, v, dout, prep] = gpu_case(c, 17 + c.d, 19 + c.d);
     auto run = [&](const char* descend, const char* dkv) {
       const ScopedEnv e("DFLASH_ATTN_BWD_DESCEND", descend), kv("DFLASH_ATTN_DKV_VARIANT", dkv);
       return kernel_raw(q, k, v, prep.kernel_meta, dout, nullptr);
