@@ -58,6 +58,8 @@ void validate(const MaskSpec& s) {
 
 #if !DFLASH_HAVE_KERNEL
 bool kernel_available() { return false; }
+bool fused_backward_available(int64_t) { return false; }
+void set_fused_backward(bool) {}
 #endif
 
 Prepared prepare(const MaskSpec& spec, Backend backend, at::ScalarType dtype, at::Device device) {

@@ -53,4 +53,15 @@ at::Tensor dense_bool_mask(const MaskSpec& spec);
 // True when the CUDA kernel was built into this binary.
 bool kernel_available();
 
+// Whether the kernel's fused backward (one pass for dQ, dK, dV; attention/kernel/bwd_fused_sm90.cu)
+// runs for head dim d on this process's current CUDA device: an sm_90 GPU, the sm_90a code built in,
+// d = 128. False without CUDA.
+bool fused_backward_available(int64_t d);
+// The kernel's backward in this process from now on: false (the default) = the split backward (a dQ
+// pass and a dK/dV pass, deterministic); true = the fused one where fused_backward_available (dK and
+// dV bit-identical to the split's, dQ summed by fp32 adds in a run-dependent order). Set once by the
+// drafter from drafter.attention_backward (trainer/roles/attention_choice.h); the benchmark knob
+// DFLASH_ATTN_DKV_VARIANT, when set, overrides it. A no-op without CUDA.
+void set_fused_backward(bool on);
+
 }  // namespace dflash::attention

@@ -99,6 +99,7 @@ struct DrafterConfig {
   int64_t mask_token_id = -1;  // -1: from the target (Qwen3: 151669)
   double gamma = 0;            // 0: 7 for bs 16, 5 for bs 10, 4 for bs 8 (DFLASH.md §2.4)
   std::string attention = "auto";  // auto | kernel | sdpa
+  std::string attention_backward = "split";  // split | fused (the kernel's backward; attention_choice.h)
   int64_t loss_chunk = 2048;       // draft positions per LM-head chunk
   std::string init_from;           // an exported drafter directory to start from
   template <class V> void visit(V& v) {
@@ -108,6 +109,9 @@ struct DrafterConfig {
     v("mask_token_id", mask_token_id, "id of the MASK token (-1: from the target)");
     v("gamma", gamma, "loss decay; 0 picks DFLASH.md's value for the block size");
     v("attention", attention, "auto (the CUDA block-sparse kernel where it runs, else sdpa), kernel or sdpa (reference)");
+    v("attention_backward", attention_backward,
+      "split (deterministic: a dQ pass and a dK/dV pass) or fused (one pass, Hopper and head_dim 128; faster at "
+      "long contexts, dQ's last bits vary from run to run)");
     v("loss_chunk", loss_chunk, "draft positions per chunk of the fused LM head + CE (> 0; model/drafter.h)");
     v("init_from", init_from, "exported drafter directory to initialise from (empty: random)");
   }

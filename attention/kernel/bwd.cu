@@ -13,6 +13,7 @@
 // with TMA bulk reduce-adds (5 matmuls per visible pair), then dQ = scale * buffer in bf16.
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <stdexcept>
 #include <string>
 
@@ -49,9 +50,11 @@ int dq_variant() {
 // dK/dV kernel variant (DFLASH_ATTN_DKV_VARIANT = 1: 4 warps x 16 keys, 2: 8 warps,
 // 3 (default): Hopper wgmma (bwd_sm90.cu; falls back to 1 where unavailable), 7: the fused backward
 // (bwd_fused_sm90.cu: dQ added in the same pass, no dQ pass; runs 3 at d = 64 or without wgmma)).
+// The default where the variable is unset: 3, or 7 after set_fused_backward(true).
+std::atomic<int> g_dkv_default{3};
 int dkv_variant() {
   static constexpr int kAllowed[] = {1, 2, 3, 7};
-  return kernel_variant_from_env("DFLASH_ATTN_DKV_VARIANT", kAllowed, 4, 3);
+  return kernel_variant_from_env("DFLASH_ATTN_DKV_VARIANT", kAllowed, 4, g_dkv_default.load());
 }
 
 // dq = scale * the fused pass's fp32 sum, read back from its fragment order (bwd_fused_sm90.cu): one
@@ -564,6 +567,14 @@ void launch_attn_bwd_stage(const AttnParams& params, int stage, void* stream) {
 void launch_attn_bwd(const AttnParams& p, void* stream) { launch_attn_bwd_stage(p, -1, stream); }
 
 bool backward_accumulates_dq(int d) { return d == 128 && dkv_variant() == 7 && wgmma_supported(); }
+
+void set_dkv_variant_default(int variant) {
+  if (variant != 3 && variant != 7)
+    throw std::runtime_error("dflash attention kernel: the default dK/dV variant is 3 or 7");
+  g_dkv_default.store(variant);
+}
+
+bool fused_backward_supported() { return wgmma_supported(); }
 
 int64_t dq_accum_numel(int64_t B, int64_t Hq, int64_t q_len, int64_t d) {
   return B * Hq * ((q_len + kTileQ - 1) / kTileQ) * kTileQ * d;

@@ -511,6 +511,38 @@ TEST(KernelFusedBackward, EqualsSplitBackward) {
 #endif
 }
 
+// attention::set_fused_backward (drafter.attention_backward=fused in a run) makes the fused backward the
+// process's default where it runs (Hopper, d = 128), the split one elsewhere; DFLASH_ATTN_DKV_VARIANT,
+// when set, still decides. Which backward ran shows in dQ: the fused pass sums it in another order (in
+// this case ~40% of its elements differ from the split's; KernelFusedBackward), dK and dV are the same.
+TEST(KernelFusedBackward, ChosenBySetFusedBackward) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device or kernel not built";
+#if DFLASH_ATTENTION_KERNEL
+  const Case c{"d128_gqa", 2, 8, 2, 40, 16, 700, 128, 2, true, 0.1, false};
+  auto [q, k, v, dout, prep] = gpu_case(c, 3, 5);
+  auto grads = [&](const char* dkv) {
+    const ScopedEnv e("DFLASH_ATTN_DKV_VARIANT", dkv);  // "": unset, the process's default decides
+    return kernel_raw(q, k, v, prep.kernel_meta, dout, nullptr);
+  };
+  const bool hopper = attention::fused_backward_available(128);
+  EXPECT_FALSE(attention::fused_backward_available(64));
+  const Grads split = grads("3");
+  EXPECT_TRUE(at::equal(grads("").dq, split.dq)) << "the default is the split backward";
+  attention::set_fused_backward(true);
+  const Grads chosen = grads("");
+  EXPECT_EQ(!at::equal(chosen.dq, split.dq), hopper) << "set_fused_backward(true) runs the fused backward";
+  EXPECT_TRUE(at::equal(chosen.dk, split.dk) && at::equal(chosen.dv, split.dv));
+  EXPECT_TRUE(at::equal(grads("3").dq, split.dq)) << "DFLASH_ATTN_DKV_VARIANT=3 overrides it";
+  {
+    const ScopedEnv e("DFLASH_ATTN_DKV_VARIANT", "");
+    EXPECT_EQ(backward_accumulates_dq(128), hopper);
+    EXPECT_FALSE(backward_accumulates_dq(64));
+  }
+  attention::set_fused_backward(false);
+  EXPECT_TRUE(at::equal(grads("").dq, split.dq)) << "set_fused_backward(false): the split backward again";
+#endif
+}
+
 // The backward's descending walk over query tiles (DFLASH_ATTN_BWD_DESCEND=1) against the ascending one:
 // the dQ pass does not walk key tiles' items, so dQ is bit-identical; dK and dV are the same per-item
 // products summed in the reverse order in fp32, so each element equals the ascending result or its bf16

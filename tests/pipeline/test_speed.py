@@ -3,7 +3,8 @@ colocated mode) reports about its own speed (issue 15), checked against the run'
 the wall clock of this test:
 
 - the attention path: one header line says which path runs and why (auto on CPU: sdpa, no
-  kernel in this build); drafter.attention=kernel exits 2 with one line per rank naming the key;
+  kernel in this build); drafter.attention=kernel and drafter.attention_backward=fused exit 2 with
+  one line per rank naming the key;
 - time to first step: startup_s, load_s, first_step_s in every metrics.jsonl record and once on
   the console, positive, their sum within the test's own wall time of the launch, and the first
   record's elapsed_s (measured from the same origin) at least first_step_s;
@@ -88,6 +89,18 @@ def test_kernel_without_a_kernel_build_is_exit_2_naming_the_key(inputs):
                 "CUDA attention kernel" in l or
                 "override 'drafter.attention=kernel': key 'drafter.attention' is kernel, but this rank runs on the CPU"
                 in l), l
+    assert not os.path.exists(os.path.join(d, "metrics.jsonl"))  # nothing written
+
+
+def test_fused_backward_where_it_cannot_run_is_exit_2_naming_the_key(inputs):
+    r, _, d = launch(inputs, "fused", 2, ["layout.target_ranks=1", "layout.drafter_ranks=1",
+                                          "drafter.attention_backward=fused"])
+    assert r.returncode == 2, r.stdout + r.stderr
+    errors = [l for l in (r.stdout + r.stderr).splitlines() if "error:" in l]
+    assert len(errors) == 2, errors  # one per rank
+    for l in errors:
+        assert ("override 'drafter.attention_backward=fused': key 'drafter.attention_backward' is fused, but the "
+                "drafter runs the sdpa path (sdpa (drafter.attention=auto: " in l and "use split" in l), l
     assert not os.path.exists(os.path.join(d, "metrics.jsonl"))  # nothing written
 
 

@@ -1,4 +1,5 @@
-// drafter.attention resolved against the binary and the device (trainer/roles/attention_choice.h):
+// drafter.attention and drafter.attention_backward resolved against the binary and the device
+// (trainer/roles/attention_choice.h):
 // every branch on given facts (a CUDA build on an H200, an A100, an older GPU, a CPU build), the
 // facts of this CPU process, and the errors of `kernel` where the kernel cannot run (one line
 // naming the key and its origin; the test suite's CPU build has no kernel).
@@ -18,6 +19,10 @@ Config with(const std::string& attention) {
   return parse_config("", "test.yaml", {"drafter.attention=" + attention});
 }
 
+Config fused(const std::string& attention = "auto") {
+  return parse_config("", "test.yaml", {"drafter.attention=" + attention, "drafter.attention_backward=fused"});
+}
+
 std::string error_of(const Config& c, const DeviceFacts& f, int64_t head_dim) {
   try {
     roles::choose_attention(c, f, head_dim);
@@ -29,6 +34,8 @@ std::string error_of(const Config& c, const DeviceFacts& f, int64_t head_dim) {
 
 const DeviceFacts kH200{true, true, 9, 0}, kA100{true, true, 8, 0}, kL40{true, true, 8, 9}, kT4{true, true, 7, 5},
     kB200{true, true, 10, 0}, kCpuBuild{false, false, 0, 0}, kCudaBuildOnCpu{true, false, 0, 0};
+// an H200 whose probe found the fused backward's sm_90a code (device_facts with probe_fused)
+const DeviceFacts kH200Fused{true, true, 9, 0, true};
 
 }  // namespace
 
@@ -97,4 +104,59 @@ TEST(AttentionChoice, UnknownValueIsRejectedAtLoad) {
     EXPECT_NE(std::string(e.what()).find("key 'drafter.attention' must be one of auto, kernel, sdpa, got 'flash'"),
               std::string::npos) << e.what();
   }
+}
+
+TEST(AttentionBackwardChoice, DefaultIsTheSplitBackward) {
+  EXPECT_EQ(Config().drafter.attention_backward, "split");
+  const auto c = roles::choose_attention(with("auto"), kH200Fused, 128);
+  EXPECT_EQ(c.backend, Backend::Kernel);
+  EXPECT_FALSE(c.fused_backward);
+  EXPECT_EQ(c.why.find("fused"), std::string::npos) << c.why;
+}
+
+TEST(AttentionBackwardChoice, FusedOnHopperWithItsCodeAndHeadDim128) {
+  for (const char* a : {"auto", "kernel"}) {
+    const auto c = roles::choose_attention(fused(a), kH200Fused, 128);
+    EXPECT_EQ(c.backend, Backend::Kernel) << c.why;
+    EXPECT_TRUE(c.fused_backward) << c.why;
+    EXPECT_NE(c.why.find(", fused backward (drafter.attention_backward=fused: dQ's last bits vary from run to run)"),
+              std::string::npos) << c.why;
+  }
+}
+
+TEST(AttentionBackwardChoice, FusedWhereItCannotRunIsOneUserErrorNamingTheKey) {
+  struct Case {
+    Config cfg;
+    DeviceFacts f;
+    int64_t head_dim;
+    const char* reason;
+  };
+  for (const Case& k : {Case{fused(), kH200, 128, "this binary has no sm_90a code"},
+                        Case{fused(), kA100, 128, "the GPU is sm_80, the fused backward runs on sm_90"},
+                        Case{fused(), kH200Fused, 64, "the drafter's head_dim is 64"},
+                        Case{fused("sdpa"), kH200Fused, 128, "the drafter runs the sdpa path (sdpa (drafter.attention=sdpa"},
+                        Case{fused(), kCpuBuild, 128, "the drafter runs the sdpa path (sdpa (drafter.attention=auto: "
+                                                      "this binary has no CUDA attention kernel"}}) {
+    const std::string e = error_of(k.cfg, k.f, k.head_dim);
+    EXPECT_NE(e.find("override 'drafter.attention_backward=fused': key 'drafter.attention_backward' is fused, but "),
+              std::string::npos) << e;
+    EXPECT_NE(e.find(k.reason), std::string::npos) << e;
+    EXPECT_NE(e.find("use split"), std::string::npos) << e;
+    EXPECT_EQ(e.find('\n'), std::string::npos) << e;
+  }
+}
+
+TEST(AttentionBackwardChoice, UnknownValueIsRejectedAtLoad) {
+  try {
+    parse_config("", "test.yaml", {"drafter.attention_backward=fast"});
+    FAIL() << "accepted drafter.attention_backward=fast";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("key 'drafter.attention_backward' must be one of split, fused, got 'fast'"),
+              std::string::npos) << e.what();
+  }
+}
+
+TEST(AttentionBackwardChoice, ThisCpuProcessHasNoFusedBackward) {
+  // a CPU rank: no probe, whatever the machine has
+  EXPECT_FALSE(roles::device_facts(c10::Device(c10::kCPU), /*probe_fused=*/true).fused_backward);
 }

@@ -10,7 +10,7 @@
 
 namespace dflash::roles {
 
-DeviceFacts device_facts(const c10::Device& device) {
+DeviceFacts device_facts(const c10::Device& device, bool probe_fused) {
   DeviceFacts f;
   f.kernel_built = attention::kernel_available();
   f.cuda = device.is_cuda();
@@ -20,12 +20,22 @@ DeviceFacts device_facts(const c10::Device& device) {
     if (cudaDeviceGetAttribute(&f.major, cudaDevAttrComputeCapabilityMajor, idx) != cudaSuccess ||
         cudaDeviceGetAttribute(&f.minor, cudaDevAttrComputeCapabilityMinor, idx) != cudaSuccess)
       f.major = f.minor = 0;  // unknown: the kernel is not chosen by auto
+    if (probe_fused && f.kernel_built && f.major == 9 && f.minor == 0) {
+      int prev = 0;  // the probe runs on the current device: this rank's, then back
+      if (cudaGetDevice(&prev) == cudaSuccess && cudaSetDevice(idx) == cudaSuccess) {
+        f.fused_backward = attention::fused_backward_available(128);
+        cudaSetDevice(prev);
+      }
+    }
   }
 #endif
+  (void)probe_fused;
   return f;
 }
 
-AttentionChoice choose_attention(const Config& cfg, const DeviceFacts& f, int64_t head_dim) {
+namespace {
+
+AttentionChoice choose_backend(const Config& cfg, const DeviceFacts& f, int64_t head_dim) {
   const std::string& want = cfg.drafter.attention;
   AttentionChoice c;
   if (want == "sdpa") {
@@ -58,6 +68,28 @@ AttentionChoice choose_attention(const Config& cfg, const DeviceFacts& f, int64_
   } else {
     c.why = fmt::format("sdpa (drafter.attention=auto: {})", missing);
   }
+  return c;
+}
+
+}  // namespace
+
+AttentionChoice choose_attention(const Config& cfg, const DeviceFacts& f, int64_t head_dim) {
+  AttentionChoice c = choose_backend(cfg, f, head_dim);
+  if (cfg.drafter.attention_backward != "fused") return c;  // split (validate.cpp admits nothing else)
+  std::string missing;
+  if (c.backend != attention::Backend::Kernel)
+    missing = fmt::format("the drafter runs the sdpa path ({})", c.why);
+  else if (head_dim != 128)
+    missing = fmt::format("the drafter's head_dim is {}, the fused backward is built for 128", head_dim);
+  else if (!f.fused_backward)
+    missing = f.major == 9 && f.minor == 0 ? std::string("this binary has no sm_90a code (DFLASH_CUDA_ARCHS)")
+                                           : fmt::format("the GPU is sm_{}{}, the fused backward runs on sm_90",
+                                                         f.major, f.minor);
+  if (!missing.empty())
+    throw_user("{}: key 'drafter.attention_backward' is fused, but {}; use split (the default)",
+               key_origin(cfg, "drafter.attention_backward"), missing);
+  c.fused_backward = true;
+  c.why += ", fused backward (drafter.attention_backward=fused: dQ's last bits vary from run to run)";
   return c;
 }
 

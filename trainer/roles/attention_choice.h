@@ -8,6 +8,9 @@
 //           dim is 64 or 128 (its tiles); else the SDPA reference path, saying why
 //   kernel  the kernel, or a UserError naming the key and what is missing (exit 2)
 //   sdpa    the reference path (the oracle of the tests), whatever the device
+// drafter.attention_backward (split | fused) picks the kernel's backward: split (the default, deterministic)
+// or fused (one pass; dQ's last bits vary from run to run), which needs the kernel, an sm_90 GPU with the
+// sm_90a code built in and head_dim 128, else a UserError naming the key and what is missing.
 // `why` is the one line rank 0 prints in the run header ("attention kernel (auto: ...)").
 // Thread-safety: pure functions.
 #pragma once
@@ -24,6 +27,7 @@ namespace dflash::roles {
 
 struct AttentionChoice {
   attention::Backend backend = attention::Backend::Reference;
+  bool fused_backward = false;  // drafter.attention_backward=fused, checked to run here
   std::string why;  // "kernel (drafter.attention=auto: CUDA sm_90, kernel built)"
 };
 
@@ -32,11 +36,13 @@ struct DeviceFacts {
   bool kernel_built = false;
   bool cuda = false;
   int major = 0, minor = 0;  // compute capability (CUDA only)
+  bool fused_backward = false;  // attention::fused_backward_available(128) on the device (probed on demand)
 };
 
-// The facts of `device` in this process: attention::kernel_available(), and the compute
-// capability of a CUDA device.
-DeviceFacts device_facts(const c10::Device& device);
+// The facts of `device` in this process: attention::kernel_available(), the compute capability of a
+// CUDA device, and, with probe_fused, whether the fused backward's sm_90a code runs there (a tiny launch
+// on that device: asked for only when drafter.attention_backward is fused).
+DeviceFacts device_facts(const c10::Device& device, bool probe_fused = false);
 
 // Resolves cfg.drafter.attention for a drafter with `head_dim` on a device with `facts`.
 // UserError (naming the key and its origin) when kernel is asked for and cannot run.

@@ -203,6 +203,7 @@ DrafterTrainer::DrafterTrainer(const RoleContext& ctx, int64_t drafter_index, in
               p.resume->next_batch);
   }
   m.sopt.attention = p.attention.backend;  // drafter.attention, resolved in the plan (attention_choice.h)
+  attention::set_fused_backward(p.attention.fused_backward);  // drafter.attention_backward, likewise
   m.sopt.num_anchors = m.cfg.drafter.num_anchors;
   m.sopt.seed = static_cast<uint64_t>(m.cfg.run.seed);
   m.sopt.gamma = p.gamma;

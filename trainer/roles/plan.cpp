@@ -97,7 +97,8 @@ RunPlan make_plan(const Config& cfg, const Schedule& schedule, int world_size, i
   p.device = on_gpu ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(gpu)) : at::Device(at::kCPU);
   p.target_dtype = model::resolve_dtype(cfg.target.dtype, p.device, "target.dtype");
   p.drafter_dtype = on_gpu ? at::kBFloat16 : at::kFloat;
-  p.attention = choose_attention(cfg, device_facts(p.device), p.spec.head_dim);
+  p.attention = choose_attention(cfg, device_facts(p.device, cfg.drafter.attention_backward == "fused"),
+                                 p.spec.head_dim);
   return p;
 }
 
