@@ -130,11 +130,11 @@ void launch_attn_bwd_stage(const AttnParams& p, int stage, void* stream);
 // Whether the backward at head dim d on the current device is the fused one (DFLASH_ATTN_DKV_VARIANT=7:
 // dQ summed in fp32 in the dK/dV pass, AttnParams::dq_accum of dq_accum_numel() floats needed).
 bool backward_accumulates_dq(int d);
-// The dK/dV variant where DFLASH_ATTN_DKV_VARIANT is unset: 3 (the split backward, the default) or 7
-// (the fused one); attention::set_fused_backward (dflash_attention.h) sets it. Process-wide.
-void set_dkv_variant_default(int variant);
-// Whether the fused backward's code runs on the current device (sm_90 with the sm_90a code built in).
-bool fused_backward_supported();
+// fused_backward_available and set_fused_backward (the trainer's face: dflash_attention.h) are defined
+// in kernel/bwd.cu: the latter makes the fused backward (dK/dV variant 7) the default of
+// dkv_variant() where DFLASH_ATTN_DKV_VARIANT is unset.
+bool fused_backward_available(int64_t d);
+void set_fused_backward(bool on);
 int64_t dq_accum_numel(int64_t B, int64_t Hq, int64_t q_len, int64_t d);
 // The tile variant named by environment variable `name` (a benchmark knob, attention/kernel/NOTES.md):
 // `fallback` where it is unset or empty; anything but one of the `n` values in `allowed` is a

@@ -18,8 +18,6 @@
 namespace dflash::attention {
 
 bool kernel_available() { return true; }
-bool fused_backward_available(int64_t d) { return d == 128 && fused_backward_supported(); }
-void set_fused_backward(bool on) { set_dkv_variant_default(on ? 7 : 3); }
 
 namespace {
 

@@ -568,13 +568,9 @@ void launch_attn_bwd(const AttnParams& p, void* stream) { launch_attn_bwd_stage(
 
 bool backward_accumulates_dq(int d) { return d == 128 && dkv_variant() == 7 && wgmma_supported(); }
 
-void set_dkv_variant_default(int variant) {
-  if (variant != 3 && variant != 7)
-    throw std::runtime_error("dflash attention kernel: the default dK/dV variant is 3 or 7");
-  g_dkv_default.store(variant);
-}
+bool fused_backward_available(int64_t d) { return d == 128 && wgmma_supported(); }
 
-bool fused_backward_supported() { return wgmma_supported(); }
+void set_fused_backward(bool on) { g_dkv_default.store(on ? 7 : 3); }
 
 int64_t dq_accum_numel(int64_t B, int64_t Hq, int64_t q_len, int64_t d) {
   return B * Hq * ((q_len + kTileQ - 1) / kTileQ) * kTileQ * d;

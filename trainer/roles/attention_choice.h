@@ -12,7 +12,8 @@
 // or fused (one pass; dQ's last bits vary from run to run), which needs the kernel, an sm_90 GPU with the
 // sm_90a code built in and head_dim 128, else a UserError naming the key and what is missing.
 // `why` is the one line rank 0 prints in the run header ("attention kernel (auto: ...)").
-// Thread-safety: pure functions.
+// Thread-safety: choose_attention is a pure function; device_facts queries the device (with
+// probe_fused it makes that device current and puts the previous one back).
 #pragma once
 
 #include <cstdint>
