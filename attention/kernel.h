@@ -145,6 +145,8 @@ int kernel_variant_from_env(const char* name, const int* allowed, int n, int fal
 // in this process: how a test tells them from the one-warpgroup kernels they fall back to where the
 // heads cannot be paired or TMA cannot describe a tensor.
 int64_t ws_launch_count();
+// Launches of the fused backward pass with its Q/dO loads by TMA (tests: it ran, not its cp.async fallback).
+int64_t fused_tma_launch_count();
 
 }  // namespace dflash::attention
 

@@ -17,6 +17,16 @@
 // for thread t of warpgroup w and its fragment j, e (row 16 (t / 32) + (t % 32) / 4 + 8 (e / 2), column
 // 64 w + 8 j + 2 (t % 4) + e % 2); bwd.cu's conversion kernel reads it back (dq_accum_index()). The sum's
 // order, and so dQ's last bits, varies from run to run; dK and dV equal the split backward's bitwise.
+//
+// Loads (DFLASH_ATTN_FUSED_TMA): 1 (default where TMA can describe q and dO): thread 0 loads each item's
+// Q and dO tiles by TMA onto a "full" mbarrier per stage buffer, so the item starts on that barrier's wait
+// instead of a block barrier (two block barriers per item instead of three, and no per-thread address
+// arithmetic for 32 KB of cp.async); the row records, LSE and delta (1.5 KB) stay cp.async, waited at the
+// barrier that already follows S^T. 0: every thread loads by cp.async (the first version, the A/B oracle).
+// Both add the same products in the same order: dK, dV and the dQ partials are the same bits.
+#include <atomic>
+
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include "attention/kernel.h"
@@ -24,8 +34,15 @@
 #include "attention/kernel/common.cuh"
 #include "attention/kernel/wgmma.cuh"
 #include "attention/kernel/bwd_item.cuh"
+#include "attention/kernel/tma.cuh"
 
 namespace dflash::attention {
+
+// ws_sm90.cu: [B, H, rows, D] bf16 as a 4-d TMA map with 64 x 64 boxes in the 128-byte swizzle; false
+// where TMA cannot describe the tensor.
+bool tile_map(CUtensorMap* m, const void* ptr, int64_t B, int64_t H, int64_t rows, int D, int64_t sb, int64_t sh,
+              int64_t sr);
+
 namespace {
 
 using bf16 = __nv_bfloat16;
@@ -42,7 +59,8 @@ struct FusedSmem {
   static constexpr int kDq = kTileQ * kFD * 4;                              // an item's dQ partial: 32 KB
   static constexpr int kK = 0, kV = 2 * kTile, kStage0 = 4 * kTile;        // K, V: one tile per warpgroup
   static constexpr int kDs0 = kStage0 + 2 * kStageAligned, kDq0 = kDs0 + 2 * kDs;
-  static constexpr int kBytes = 1024 + kDq0 + 2 * kDq;                     // +1024: base alignment
+  static constexpr int kBar = kDq0 + 2 * kDq;                               // full[2] (TMA loads)
+  static constexpr int kBytes = 1024 + kBar + 16;                           // +1024: base alignment
 };
 static_assert(FusedSmem::kBytes <= 227 * 1024, "fused backward: shared memory");
 static_assert(FusedSmem::kK == 0 && FusedSmem::kV == 2 * FusedSmem::kTile, "fused backward: K, V tiles first");
@@ -54,7 +72,13 @@ static_assert(FusedSmem::kK == 0 && FusedSmem::kV == 2 * FusedSmem::kTile, "fuse
   asm volatile("cp.async.bulk.commit_group;" ::: "memory");
 }
 
-__global__ void __launch_bounds__(kFThreads, 1) attn_bwd_fused_kernel(const AttnParams p) {
+struct FusedMaps {
+  CUtensorMap q, dout;  // [B, Hq, q_len, D] as 4-d (D, rows, H, B), boxes of 64 x 64 (kTma only)
+};
+
+template <bool kTma>
+__global__ void __launch_bounds__(kFThreads, 1)
+    attn_bwd_fused_kernel(const AttnParams p, const __grid_constant__ FusedMaps maps) {
 #ifdef DFLASH_WGMMA
   constexpr int D = kFD;
   using S = FusedSmem;
@@ -100,16 +124,27 @@ __global__ void __launch_bounds__(kFThreads, 1) attn_bwd_fused_kernel(const Attn
 
   const uint32_t sK0 = base + S::kK, sK = sK0 + wg * S::kTile, sV = base + S::kV + wg * S::kTile;
   const uint32_t sStage0 = base + S::kStage0, sDs0 = base + S::kDs0, sDq0 = base + S::kDq0;
+  const uint32_t sBar0 = base + S::kBar;  // full[buf] at sBar0 + 8 buf
   unsigned char* stage_ptr0 = gbase + S::kStage0;
 
   auto load_item = [&](int i, int buf) {
     const int qt = qt_of(i), h = hk * G + i % G;
     const int m0 = qt * kTileQ;
     const uint32_t st = sStage0 + buf * S::kStageAligned;
-    load_tile_w<kTileQ, D, kFThreads>(st, static_cast<const bf16*>(p.q) + b * p.q_sb + h * p.q_sh, p.q_sr, m0,
-                                      p.q_len, tid);
-    load_tile_w<kTileQ, D, kFThreads>(st + S::kTile, static_cast<const bf16*>(p.dout) + b * p.do_sb + h * p.do_sh,
-                                      p.do_sr, m0, p.q_len, tid);
+    if constexpr (kTma) {
+      if (tid == 0) {
+        const uint32_t full = sBar0 + 8 * buf;
+        mbar_arrive_expect_tx(full, 2 * S::kTile);
+        tma_tile<D>(st, &maps.q, m0, h, b, full);
+        tma_tile<D>(st + S::kTile, &maps.dout, m0, h, b, full);
+      }
+    } else {
+      load_tile_w<kTileQ, D, kFThreads>(st, static_cast<const bf16*>(p.q) + b * p.q_sb + h * p.q_sh, p.q_sr, m0,
+                                        p.q_len, tid);
+      load_tile_w<kTileQ, D, kFThreads>(st + S::kTile,
+                                        static_cast<const bf16*>(p.dout) + b * p.do_sb + h * p.do_sh, p.do_sr, m0,
+                                        p.q_len, tid);
+    }
     const uint32_t sRows = st + 2 * S::kTile, sL = sRows + kTileQ * 16, sD = sL + kTileQ * 4;
     const int64_t lo = ((int64_t)b * p.Hq + h) * p.q_len;
     if (tid < kTileQ) {
@@ -123,11 +158,23 @@ __global__ void __launch_bounds__(kFThreads, 1) attn_bwd_fused_kernel(const Attn
     }
   };
 
+  if constexpr (kTma) {
+    if (tid == 0) {
+      mbar_init(sBar0, 1);  // the loader's expect_tx
+      mbar_init(sBar0 + 8, 1);
+      fence_mbar_init();
+    }
+  }
   load_tile_w<kTileK, D, 128>(sK, k, p.k_sr, nw, p.kv_len, wt);
   load_tile_w<kTileK, D, 128>(sV, v, p.v_sr, nw, p.kv_len, wt);
   int item = next_item(0);
   if (item < nitems) load_item(item, 0);
   cp_async_commit();
+  if constexpr (kTma) {  // K, V and the first item's row records in shared memory; the barriers initialised
+    cp_async_wait<0>();
+    fence_proxy_async();
+    __syncthreads();
+  }
 
   const int g = lane >> 2, t4 = lane & 3;
   const int keyA = nw + warp * 16 + g, keyB = keyA + 8;
@@ -142,16 +189,24 @@ __global__ void __launch_bounds__(kFThreads, 1) attn_bwd_fused_kernel(const Attn
   //   dQ(i) done -> dQ(i) -> shared memory [buf]; at the next item's first barrier thread 0 issues
   //   its bulk add, and before that barrier waits until the add of item i-1 (issued one item ago,
   //   from the other buffer) has read its buffer, which item i+1 then overwrites.
+  // kTma: the first block barrier below is replaced by the wait on full[buf], and the bulk add's
+  // bookkeeping moves to the barrier after S^T (where every thread has written item i-1's partial).
   int buf = 0, prev = -1;  // prev: the item whose partial waits in the dQ buffer buf ^ 1
+  uint32_t phase = 0;      // kTma: parity of full[buf]'s next phase, bit buf
   uint32_t da[4][4];        // dS^T(i-1): A operand of dK(i-1), in flight into item i
   while (item < nitems) {
     const int cand = item + 1;
     const int4 tq_cand = cand < nitems ? qtiles[qt_of(cand)] : make_int4(0, 0, 0, 0);
-    if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
-    cp_async_wait<0>();
-    fence_proxy_async();
-    __syncthreads();
-    if (tid == 0 && prev >= 0) bulk_add_f32(dq_tile(prev), sDq0 + (buf ^ 1) * S::kDq, S::kDq);
+    if constexpr (kTma) {
+      mbar_wait(sBar0 + 8 * buf, (phase >> buf) & 1);  // Q, dO of this item have landed
+      phase ^= 1u << buf;
+    } else {
+      if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+      cp_async_wait<0>();
+      fence_proxy_async();
+      __syncthreads();
+      if (tid == 0 && prev >= 0) bulk_add_f32(dq_tile(prev), sDq0 + (buf ^ 1) * S::kDq, S::kDq);
+    }
     const uint32_t sQ = sStage0 + buf * S::kStageAligned, sdO = sQ + S::kTile;
     const unsigned char* stp = stage_ptr0 + buf * S::kStageAligned + 2 * S::kTile;
     const int4* sRows = reinterpret_cast<const int4*>(stp);
@@ -172,7 +227,14 @@ __global__ void __launch_bounds__(kFThreads, 1) attn_bwd_fused_kernel(const Attn
     reg_fence(st);
     reg_fence(dk);
     reg_fence_a(da);
+    if constexpr (kTma) {
+      if (tid == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");  // item i-2's add read buf
+      cp_async_wait<0>();  // this item's row records, LSE, delta
+    }
     __syncthreads();  // every warp is past dK(i-1): item i-1's stage buffer may be refilled
+    if constexpr (kTma) {
+      if (tid == 0 && prev >= 0) bulk_add_f32(dq_tile(prev), sDq0 + (buf ^ 1) * S::kDq, S::kDq);
+    }
     const int nxt = cand >= nitems ? nitems : valid_tq(tq_cand) ? cand : next_item(cand + 1);
     if (nxt < nitems) load_item(nxt, buf ^ 1);
     cp_async_commit();
@@ -262,12 +324,24 @@ __global__ void __launch_bounds__(kFThreads, 1) attn_bwd_fused_kernel(const Attn
 }  // namespace
 
 // Launches the fused pass (d = 128 only; bwd.cu checks). p.dq_accum must be zeroed.
-void launch_bwd_fused(const AttnParams& p, void* stream) {
+namespace {
+std::atomic<int64_t> g_fused_tma_launches{0};
+}  // namespace
+
+// tma: load Q and dO by TMA where the tensors allow it (DFLASH_ATTN_FUSED_TMA, read in bwd.cu).
+void launch_bwd_fused(const AttnParams& p, bool tma, void* stream) {
   constexpr int smem = FusedSmem::kBytes;
-  cudaFuncSetAttribute(attn_bwd_fused_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  attn_bwd_fused_kernel<<<dim3((p.meta.nkt + 1) / 2, p.Hkv, p.B), kFThreads, smem,
-                          static_cast<cudaStream_t>(stream)>>>(p);
-  DFLASH_CHECK_LAUNCH("attention backward fused dk/dv/dq (wgmma)");
+  FusedMaps maps{};
+  tma = tma && tile_map(&maps.q, p.q, p.B, p.Hq, p.q_len, p.d, p.q_sb, p.q_sh, p.q_sr) &&
+        tile_map(&maps.dout, p.dout, p.B, p.Hq, p.q_len, p.d, p.do_sb, p.do_sh, p.do_sr);
+  auto kern = tma ? attn_bwd_fused_kernel<true> : attn_bwd_fused_kernel<false>;
+  cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  kern<<<dim3((p.meta.nkt + 1) / 2, p.Hkv, p.B), kFThreads, smem, static_cast<cudaStream_t>(stream)>>>(p, maps);
+  DFLASH_CHECK_LAUNCH(tma ? "attention backward fused dk/dv/dq (wgmma, TMA loads)"
+                          : "attention backward fused dk/dv/dq (wgmma)");
+  if (tma) g_fused_tma_launches.fetch_add(1, std::memory_order_relaxed);
 }
+
+int64_t fused_tma_launch_count() { return g_fused_tma_launches.load(std::memory_order_relaxed); }
 
 }  // namespace dflash::attention

@@ -440,9 +440,11 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
   return fn;
 }
 
+}  // namespace
+
 // [B, H, rows, D] bf16 with element strides (sb, sh, sr) as the 4-d map (D, rows, H, B), boxes of
 // 64 columns x 64 rows in the 128-byte swizzle; false where TMA cannot describe the tensor (the
-// caller then runs the one-warpgroup kernel).
+// caller then runs a kernel without TMA). Also used by bwd_fused_sm90.cu.
 bool tile_map(CUtensorMap* m, const void* ptr, int64_t B, int64_t H, int64_t rows, int D, int64_t sb, int64_t sh,
               int64_t sr) {
   auto ok16 = [](int64_t elems) { return elems > 0 && (elems * 2) % 16 == 0; };
@@ -459,6 +461,8 @@ bool tile_map(CUtensorMap* m, const void* ptr, int64_t B, int64_t H, int64_t row
              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
+
+namespace {
 
 // The pair-of-heads kernels need an even number of query heads per KV head.
 bool ws_maps(const AttnParams& p, bool dq_pass, WsMaps* maps) {

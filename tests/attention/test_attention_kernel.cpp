@@ -472,6 +472,8 @@ TEST(KernelForward128Keys, EqualsVariant7UpToRounding) {
 // missing, doubled or misplaced partial gives errors near 1). Rows that see no key: dQ exactly 0.
 // Cases: GQA with an odd number of key tiles (the last CTA's second warpgroup has no keys), one head
 // per KV head, packed documents, unsorted anchors, query tiles that see no key; d = 64 runs the split.
+// Each case runs the fused pass twice: Q and dO loaded by TMA (the default) and by cp.async
+// (DFLASH_ATTN_FUSED_TMA=0); the same products in the same order, so both meet the same bars.
 TEST(KernelFusedBackward, EqualsSplitBackward) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device or kernel not built";
 #if DFLASH_ATTENTION_KERNEL
@@ -482,30 +484,39 @@ TEST(KernelFusedBackward, EqualsSplitBackward) {
                         Case{"dropped_row", 2, 4, 2, 9, 16, 130, 128, 1, true, 0.0, true},
                         Case{"d64", 1, 4, 2, 23, 16, 333, 64, 1, false, 0.1, false}}) {
     auto [q, k, v, dout, prep] = gpu_case(c, 41 + c.d, 43 + c.d);
-    auto run = [&](const char* dkv, at::Tensor* lse, bool* fused) {
-      const ScopedEnv e("DFLASH_ATTN_DKV_VARIANT", dkv);
+    auto run = [&](const char* dkv, const char* tma, at::Tensor* lse, bool* fused) {
+      const ScopedEnv e("DFLASH_ATTN_DKV_VARIANT", dkv), t("DFLASH_ATTN_FUSED_TMA", tma);
       *fused = backward_accumulates_dq(c.d);
       return kernel_raw(q, k, v, prep.kernel_meta, dout, lse);
     };
-    at::Tensor l3, l7;
-    bool f3 = false, f7 = false;
-    const Grads g3 = run("3", &l3, &f3), g7 = run("7", &l7, &f7);
-    const std::string what = std::string("fused backward ") + c.name;
-    EXPECT_FALSE(f3) << what;
-    EXPECT_EQ(f7, c.d == 128) << what << ": the fused pass runs at d = 128 (and only there)";
-    ASSERT_FALSE(has_nan(g7.dq) || has_nan(g7.dk) || has_nan(g7.dv)) << what << ": NaN (or unwritten element)";
-    EXPECT_TRUE(at::equal(g7.o, g3.o) && at::equal(l7, l3)) << what << ": the forward changed";
-    EXPECT_TRUE(at::equal(g7.dk, g3.dk)) << what << ": dK, max diff " << max_abs(g7.dk, g3.dk.to(at::kFloat));
-    EXPECT_TRUE(at::equal(g7.dv, g3.dv)) << what << ": dV, max diff " << max_abs(g7.dv, g3.dv.to(at::kFloat));
-    const at::Tensor a = g7.dq.to(at::kFloat), b = g3.dq.to(at::kFloat);
+    at::Tensor l3;
+    bool f3 = false;
+    const Grads g3 = run("3", "1", &l3, &f3);
     const Grads ref = reference(q, k, v, dense_mask(prep.spec), dout);
-    const double e7 = rel_err(g7.dq, ref.dq), e3 = rel_err(g3.dq, ref.dq);
-    std::printf("[%s] dQ: %.2f%% of elements differ from the split's (rel %.3e); against fp32: fused %.3e, split %.3e\n",
-                what.c_str(), 100.0 * a.ne(b).to(at::kFloat).mean().item<double>(), rel_err(g7.dq, b), e7, e3);
-    EXPECT_LE(e7, 2.0 * e3 + 1e-6) << what << ": dQ against fp32";
-    if (c.all_dropped_row) {
-      auto seen = l3.isfinite().unsqueeze(-1).expand_as(a);
-      EXPECT_EQ(a.masked_select(seen.logical_not()).abs().sum().item<float>(), 0.f) << what << ": rows that see no key";
+    const double e3 = rel_err(g3.dq, ref.dq);
+    EXPECT_FALSE(f3) << c.name;
+    // the fused pass with its Q/dO loads by TMA (the default) and by cp.async (DFLASH_ATTN_FUSED_TMA=0)
+    for (const char* tma : {"1", "0"}) {
+      at::Tensor l7;
+      bool f7 = false;
+      const int64_t tma_before = fused_tma_launch_count();
+      const Grads g7 = run("7", tma, &l7, &f7);
+      const std::string what = std::string("fused backward (DFLASH_ATTN_FUSED_TMA=") + tma + ") " + c.name;
+      EXPECT_EQ(fused_tma_launch_count() - tma_before, f7 && tma[0] == '1' ? 1 : 0) << what << ": TMA loads ran";
+      EXPECT_EQ(f7, c.d == 128) << what << ": the fused pass runs at d = 128 (and only there)";
+      ASSERT_FALSE(has_nan(g7.dq) || has_nan(g7.dk) || has_nan(g7.dv)) << what << ": NaN (or unwritten element)";
+      EXPECT_TRUE(at::equal(g7.o, g3.o) && at::equal(l7, l3)) << what << ": the forward changed";
+      EXPECT_TRUE(at::equal(g7.dk, g3.dk)) << what << ": dK, max diff " << max_abs(g7.dk, g3.dk.to(at::kFloat));
+      EXPECT_TRUE(at::equal(g7.dv, g3.dv)) << what << ": dV, max diff " << max_abs(g7.dv, g3.dv.to(at::kFloat));
+      const at::Tensor a = g7.dq.to(at::kFloat), b = g3.dq.to(at::kFloat);
+      const double e7 = rel_err(g7.dq, ref.dq);
+      std::printf("[%s] dQ: %.2f%% of elements differ from the split's (rel %.3e); against fp32: fused %.3e, split %.3e\n",
+                  what.c_str(), 100.0 * a.ne(b).to(at::kFloat).mean().item<double>(), rel_err(g7.dq, b), e7, e3);
+      EXPECT_LE(e7, 2.0 * e3 + 1e-6) << what << ": dQ against fp32";
+      if (c.all_dropped_row) {
+        auto seen = l3.isfinite().unsqueeze(-1).expand_as(a);
+        EXPECT_EQ(a.masked_select(seen.logical_not()).abs().sum().item<float>(), 0.f) << what << ": rows that see no key";
+      }
     }
   }
 #endif
