@@ -8,6 +8,7 @@
 // tile the per-row mask is applied unless every row of the warp sees the whole tile.
 #include <cuda_runtime.h>
 
+#include <iterator>
 #include <stdexcept>
 #include <string>
 
@@ -39,7 +40,7 @@ constexpr int kThreads = 128;
 // wgmma is unavailable; measured in kernel/NOTES.md. Read at each launch.
 int fwd_variant() {
   static constexpr int kAllowed[] = {1, 2, 3, 4, 5, 7, 8, 13, 14};
-  return kernel_variant_from_env("DFLASH_ATTN_FWD_VARIANT", kAllowed, 8, 13);
+  return kernel_variant_from_env("DFLASH_ATTN_FWD_VARIANT", kAllowed, int(std::size(kAllowed)), 13);
 }
 
 // The Hopper forwards' rescale slack in log2 units (DFLASH_ATTN_RESCALE_SLACK = 8, the default, or
