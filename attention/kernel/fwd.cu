@@ -8,7 +8,6 @@
 // tile the per-row mask is applied unless every row of the warp sees the whole tile.
 #include <cuda_runtime.h>
 
-#include <iterator>
 #include <stdexcept>
 #include <string>
 
@@ -35,12 +34,11 @@ constexpr int kThreads = 128;
 // sharing a TMA K/V ring, 8: the same with ping-pong between the two warpgroups, 13 (the default
 // since 2026-12-05): variant 7 on 128-key tiles (ws_sm90.cu; 7, 8 and 13 run 5 where the heads
 // cannot be paired or TMA cannot describe the tensors; 13 is within rounding of 7,
-// KernelForward128Keys; 14: 13 as a persistent kernel, one CTA per SM carrying its K/V ring and Q
-// loads from one item to the next, bit-identical to 13, KernelForwardPersistent). 4 to 8 are bit-identical (KernelForwardVariants); all fall back to 3 where
+// KernelForward128Keys). 4 to 8 are bit-identical (KernelForwardVariants); all fall back to 3 where
 // wgmma is unavailable; measured in kernel/NOTES.md. Read at each launch.
 int fwd_variant() {
-  static constexpr int kAllowed[] = {1, 2, 3, 4, 5, 7, 8, 13, 14};
-  return kernel_variant_from_env("DFLASH_ATTN_FWD_VARIANT", kAllowed, int(std::size(kAllowed)), 13);
+  static constexpr int kAllowed[] = {1, 2, 3, 4, 5, 7, 8, 13};
+  return kernel_variant_from_env("DFLASH_ATTN_FWD_VARIANT", kAllowed, 8, 13);
 }
 
 // The Hopper forwards' rescale slack in log2 units (DFLASH_ATTN_RESCALE_SLACK = 8, the default, or
@@ -281,7 +279,7 @@ void run_fwd_variant(const AttnParams& p, cudaStream_t s) {
     case 3: run_fwd<D, 2, 64>(p, s); break;
     default:
       if (!wgmma_supported()) run_fwd<D, 2, 64>(p, s);
-      else if (!((variant == 7 || variant == 8 || variant == 13 || variant == 14) && launch_fwd_ws(p, variant, s)))
+      else if (!((variant == 7 || variant == 8 || variant == 13) && launch_fwd_ws(p, variant, s)))
         launch_fwd_wgmma(p, variant != 4, s);
       break;
   }

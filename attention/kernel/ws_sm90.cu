@@ -21,7 +21,6 @@
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cstdint>
 
@@ -306,180 +305,6 @@ __global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_ws128_kernel(const Att
 #endif
 }
 
-// Forward variant 14: variant 13 made persistent. One CTA per SM walks the items (query tile, pair of
-// query heads, batch) of the grid variant 13 would launch, in that grid's order (item i = x + nqt (y +
-// Hq/2 z), the heavy last query tiles first), CTA c taking items c, c + gridDim.x, ... Per item the
-// products, their order and the softmax are variant 13's, so O and the LSE are bit-identical to it
-// (KernelForwardPersistent). What changes is what happens between items: the K/V ring runs on across
-// them (ring slot and mbarrier phase follow a CTA-wide tile count; the warp that releases a buffer
-// refills it with the tile ST ahead in the CTA's walk, which may be the next item's), and the next
-// item's Q tiles are loaded into the Q buffer as soon as all eight warps hold this item's Q in
-// registers. So the next item's Q and first K/V tiles land while this item runs, instead of each CTA
-// starting on an empty pipeline and leaving the SM idle while it fills (with short documents, ~8 key
-// tiles per CTA at 2048 tokens, that fill and the drain were 15-20% of the work: kernel/NOTES.md).
-namespace persist {
-// Item i's coordinates in variant 13's grid.
-struct Item {
-  int qt, h0, hk, b;
-};
-__device__ __forceinline__ Item item_of(const AttnParams& p, int i) {
-  const int nqt = p.meta.nqt, pairs = p.Hq / 2;
-  Item it;
-  const int x = i % nqt, yz = i / nqt;
-  it.qt = nqt - 1 - x;
-  it.h0 = 2 * (yz % pairs);
-  it.b = yz / pairs;
-  it.hk = it.h0 / (p.Hq / p.Hkv);
-  return it;
-}
-template <int KR>
-__device__ __forceinline__ KeyWalkN<KR> walk_of(const AttnParams& p, const Item& it) {
-  return KeyWalkN<KR>(reinterpret_cast<const int4*>(p.meta.qtiles)[(int64_t)it.b * p.meta.nqt + it.qt]);
-}
-// Loads tile `ahead` of the CTA's walk counted from the start of item i (walk w): skips to the item
-// that holds it; nothing where the CTA's items end first.
-template <int D, int ST, int KR>
-__device__ __forceinline__ void load_ahead(const AttnParams& p, const WsMaps& maps, uint32_t base, int i,
-                                           KeyWalkN<KR> w, int ahead, int global) {
-  const int nitems = p.meta.nqt * (p.Hq / 2) * p.B;
-  Item it = item_of(p, i);
-  while (ahead >= w.ntiles) {
-    ahead -= w.ntiles;
-    i += gridDim.x;
-    if (i >= nitems) return;
-    it = item_of(p, i);
-    w = walk_of<KR>(p, it);
-  }
-  const int st = global % ST;
-  using S = WsSmem<D, 2, ST, KR>;
-  const uint32_t full = base + S::kBars + 8 * st, sK = base + S::kRing + 2 * st * S::kKV;
-  mbar_arrive_expect_tx(full, 2 * S::kKV);
-  tma_tile<D, KR>(sK, &maps.k, w.start(ahead), it.hk, it.b, full);
-  tma_tile<D, KR>(sK + S::kKV, &maps.v, w.start(ahead), it.hk, it.b, full);
-}
-template <int D>
-__device__ __forceinline__ void load_q(const AttnParams& p, const WsMaps& maps, uint32_t base, uint32_t qbar,
-                                       const Item& it) {
-  constexpr int kTile = kTileQ * D * 2;
-  mbar_arrive_expect_tx(qbar, 2 * kTile);
-  tma_tile<D>(base, &maps.q, it.qt * kTileQ, it.h0, it.b, qbar);
-  tma_tile<D>(base + kTile, &maps.q, it.qt * kTileQ, it.h0 + 1, it.b, qbar);
-}
-}  // namespace persist
-
-// Shared memory: variant 13's, then one more counter (the Q buffer's release).
-template <int D>
-constexpr int kPersistSmem = WsSmem<D, 2, kStages128, kKeys128>::kBytes + 16;
-
-template <int D>
-__global__ void __launch_bounds__(kWsThreads, 1) attn_fwd_ws128p_kernel(const AttnParams p, const __grid_constant__ WsMaps maps) {
-#ifdef DFLASH_WGMMA
-  constexpr int ST = kStages128, KR = kKeys128, J = KR / 8;
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
-  using S = WsSmem<D, 2, ST, KR>;
-  const uint32_t base = (smem_u32(smem_raw) + 1023u) & ~1023u;
-  const int tid = threadIdx.x, lane = tid & 31, wg = tid >> 7, w = (tid >> 5) & 3, t4 = lane & 3;
-  const uint32_t bars = base + S::kBars, qbar = bars + 8 * ST, qcnt = base + S::kBytes - 1024;
-  const int nitems = p.meta.nqt * (p.Hq / 2) * p.B;
-  int item = blockIdx.x;
-  if (item >= nitems) return;
-  if (tid == 0) {
-    for (int i = 0; i < ST; ++i) mbar_init(bars + 8 * i, 1);  // the loader's expect_tx
-    mbar_init(qbar, 1);
-    for (int i = 0; i < ST; ++i) st_shared_u32(base + S::kCounts + 4 * i, 0);
-    st_shared_u32(qcnt, 0);
-    fence_mbar_init();
-    const persist::Item it = persist::item_of(p, item);
-    persist::load_q<D>(p, maps, base, qbar, it);
-    const KeyWalkN<KR> w0 = persist::walk_of<KR>(p, it);
-    for (int t = 0; t < ST; ++t) persist::load_ahead<D, ST, KR>(p, maps, base, item, w0, t, t);
-  }
-  __syncthreads();
-
-  const uint32_t sQ = base + wg * S::kTile;
-  auto sK = [&](int g) { return base + S::kRing + 2 * (g % ST) * S::kKV; };
-  const float sl2 = p.scale * kLog2e;
-  int g0 = 0;         // the CTA-wide index of this item's first key tile (ring slot, mbarrier phase)
-  uint32_t qphase = 0;
-  for (; item < nitems; item += gridDim.x) {
-    const persist::Item it = persist::item_of(p, item);
-    const KeyWalkN<KR> walk = persist::walk_of<KR>(p, it);
-    const int ntiles = walk.ntiles, h = it.h0 + wg, m0 = it.qt * kTileQ, ra = m0 + w * 16 + (lane >> 2);
-    const int4* rows = reinterpret_cast<const int4*>(p.meta.rows) + (int64_t)it.b * p.meta.nqt * kTileQ;
-    const int4 rowA = rows[ra], rowB = rows[ra + 8];
-    float o[D / 8][4];
-#pragma unroll
-    for (int i = 0; i < D / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-    float mA = -INFINITY, mB = -INFINITY, lA = 0.f, lB = 0.f;
-    uint32_t pa[J / 2][4];
-    uint32_t qa[D / 16][4];
-    mbar_wait(qbar, qphase);  // this item's Q has landed
-    qphase ^= 1;
-    __syncwarp();
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks) load_a_w<kTileQ>(sQ, w, ks, lane, qa[ks]);
-    wg_fence();  // the fragments are wgmma operands from here (ptxas would insert this in a divergent path)
-    // this warp holds its Q fragments: the 8th warp to say so loads the next item's Q
-    if (lane == 0 && atom_add_acq_rel_shared(qcnt, 1) == 7) {
-      st_shared_u32(qcnt, 0);
-      if (item + (int)gridDim.x < nitems) {
-        fence_proxy_async();
-        persist::load_q<D>(p, maps, base, qbar, persist::item_of(p, item + gridDim.x));
-      }
-    }
-    __syncwarp();
-
-    // release(g): this warp is done with the CTA's key tile g; the 8th warp refills its buffer with
-    // tile g + ST of the walk (this item's, or a later item's)
-    auto release = [&](int t) {
-      if (lane == 0) {
-        const uint32_t cnt = base + S::kCounts + 4 * ((g0 + t) % ST);
-        if (atom_add_acq_rel_shared(cnt, 1) == 7) {
-          st_shared_u32(cnt, 0);
-          fence_proxy_async();
-          persist::load_ahead<D, ST, KR>(p, maps, base, item, walk, t + ST, g0 + t + ST);
-        }
-      }
-      __syncwarp();
-    };
-
-    for (int t = 0; t < ntiles; ++t) {
-      const uint32_t k_t = sK(g0 + t);
-      mbar_wait(bars + 8 * ((g0 + t) % ST), ((g0 + t) / ST) & 1);
-      const int n0 = walk.start(t);
-      const bool ctx = walk.ctx(t);
-      float s[J][4];
-      wg_fence();
-#pragma unroll
-      for (int ks = 0; ks < D / 16; ++ks) wgmma_rs_n128_kb(s, qa[ks], desc_k<KR>(k_t, ks), ks > 0);
-      wg_commit();
-      if (t > 0) {
-        reg_fence(o);
-#pragma unroll
-        for (int kk = 0; kk < J / 2; ++kk) wgmma_rs_nd_tb<D>(o, pa[kk], desc_mn<KR>(sK(g0 + t - 1) + S::kKV, kk));
-        wg_commit();
-      }
-      wg_wait<0>();
-      reg_fence(s);
-      reg_fence(o);
-      reg_fence_a(pa);
-      if (t > 0) release(t - 1);
-
-      mask_tile(s, n0, ctx, rowA, rowB, t4);
-      float cA, cB;
-      const bool keep_o = softmax_step(s, mA, mB, lA, lB, sl2, p.rescale_slack, pa, cA, cB);
-      if (!keep_o) scale_rows(o, cA, cB);
-    }
-    if (ntiles > 0) {
-      fwd_last_pv<D, KR>(o, pa, sK(g0 + ntiles - 1) + S::kKV);
-      release(ntiles - 1);
-    }
-    store_fwd_rows<D>(p, it.b, h, ra, t4, o, mA, mB, lA, lB, sl2);
-    g0 += ntiles;
-  }
-#endif
-}
-
 // dQ variant 7 ("late waits"; 8, the default, adds QREG below): consumer warpgroup wg computes dQ of
 // head h0 + wg with the products and arithmetic of the one-head dQ pass (fwd_sm90.cu, dQ 4) in the
 // same order (bit-identical), scheduled so that P runs under products in flight. ptxas places a
@@ -651,21 +476,6 @@ bool ws_maps(const AttnParams& p, bool dq_pass, WsMaps* maps) {
 
 std::atomic<int64_t> g_ws_launches{0};
 
-// The current device's SM count (the persistent forward's grid), read once per device.
-int sm_count() {
-  static std::atomic<int> cached[64] = {};
-  int dev = 0;
-  cudaGetDevice(&dev);
-  if (dev < 0 || dev >= 64) dev = 0;
-  int n = cached[dev].load(std::memory_order_relaxed);
-  if (n == 0) {
-    cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev);
-    if (n <= 0) n = 1;
-    cached[dev].store(n, std::memory_order_relaxed);
-  }
-  return n;
-}
-
 template <typename Kern>
 void launch(Kern kern, int smem, const AttnParams& p, const WsMaps& maps, cudaStream_t s, const char* what) {
   cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -686,20 +496,6 @@ bool launch_fwd_ws(const AttnParams& p, int variant, void* stream) {
   if (variant == 13) {
     if (p.d == 128) launch(attn_fwd_ws128_kernel<128>, WsSmem<128, 2, kStages128, kKeys128>::kBytes, p, maps, s, what);
     else launch(attn_fwd_ws128_kernel<64>, WsSmem<64, 2, kStages128, kKeys128>::kBytes, p, maps, s, what);
-    return true;
-  }
-  if (variant == 14) {  // persistent: one CTA per SM (or per item, where there are fewer)
-    const int64_t nitems = int64_t(p.meta.nqt) * (p.Hq / 2) * p.B;
-    const int grid = int(std::min<int64_t>(nitems, sm_count()));
-    if (grid == 0) return true;
-    auto run = [&](auto kern, int smem) {
-      cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-      kern<<<grid, kWsThreads, smem, s>>>(p, maps);
-      DFLASH_CHECK_LAUNCH("attention forward (two heads per CTA, persistent)");
-      g_ws_launches.fetch_add(1, std::memory_order_relaxed);
-    };
-    if (p.d == 128) run(attn_fwd_ws128p_kernel<128>, kPersistSmem<128>);
-    else run(attn_fwd_ws128p_kernel<64>, kPersistSmem<64>);
     return true;
   }
   const bool pingpong = variant == 8;

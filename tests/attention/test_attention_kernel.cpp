@@ -459,39 +459,6 @@ TEST(KernelForward128Keys, EqualsVariant7UpToRounding) {
 #endif
 }
 
-// Forward variant 14 (variant 13 as a persistent kernel, ws_sm90.cu: one CTA per SM walks items, its
-// K/V ring and Q loads running on from one item to the next) against 13: the same products in the same
-// order per item, so O and the LSE must be bit-identical; a ring slot, mbarrier phase, Q buffer or
-// item handed over wrongly shows as a difference (or a hang, which ctest's timeout ends). The cases
-// have more items (query tiles x head pairs x rows) than an H100 or H200 has SMs, so every CTA walks
-// several, across batch rows and head pairs; items that see no key (a row with every block dropped)
-// sit between others; d = 64 with a ragged last query tile and unsorted anchors; packed documents.
-TEST(KernelForwardPersistent, EqualsVariant13Bitwise) {
-  if (!have_gpu()) GTEST_SKIP() << "no CUDA device or kernel not built";
-#if DFLASH_ATTENTION_KERNEL
-  for (const Case& c : {Case{"d128_many_items", 2, 16, 4, 160, 16, 900, 128, 3, true, 0.1, false},
-                        Case{"d128_dropped_row", 2, 8, 2, 120, 16, 400, 128, 1, true, 0.0, true},
-                        Case{"d64_unsorted", 1, 8, 2, 203, 16, 500, 64, 2, false, 0.1, false},
-                        Case{"d128_few_items", 1, 4, 2, 9, 16, 130, 128, 1, true, 0.1, false}}) {
-    auto [q, k, v, dout, prep] = gpu_case(c, 41 + c.d, 43 + c.d);
-    auto run = [&](const char* fwd, at::Tensor* lse) {
-      const ScopedEnv e("DFLASH_ATTN_FWD_VARIANT", fwd);
-      return kernel_raw(q, k, v, prep.kernel_meta, dout, lse);
-    };
-    at::Tensor l13, l14;
-    const Grads g13 = run("13", &l13);
-    const int64_t ws_before = ws_launch_count();
-    const Grads g14 = run("14", &l14);
-    EXPECT_GE(ws_launch_count() - ws_before, 1) << c.name << ": the persistent kernel did not run (its fallback did)";
-    ASSERT_FALSE(has_nan(g14.o)) << c.name << ": NaN (or unwritten element) in O";
-    EXPECT_TRUE(at::equal(g14.o, g13.o)) << c.name << ": O, max diff " << (g14.o - g13.o).abs().max().item<float>();
-    EXPECT_TRUE(at::equal(l14, l13)) << c.name << ": LSE";
-    EXPECT_TRUE(at::equal(g14.dq, g13.dq) && at::equal(g14.dk, g13.dk) && at::equal(g14.dv, g13.dv))
-        << c.name << ": the gradients (from the same O and LSE)";
-  }
-#endif
-}
-
 // The fused backward (dK/dV variant 7, kernel/bwd_fused_sm90.cu: 128 keys per CTA, dQ partials added
 // with TMA bulk reduce-adds) against the split one (3, with the default dQ pass): the same per-item
 // products, so dK and dV must be bit-identical (items of the CTA's other key tile add exact zeros).
