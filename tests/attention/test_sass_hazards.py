@@ -103,23 +103,29 @@ def a_operand_hazards(ins):
     return found
 
 
+def loops(ins):
+    """(start index, back-branch index) of every loop: a branch to an earlier or the same instruction."""
+    index = {a: i for i, (a, _) in enumerate(ins)}
+    found = []
+    for j, (_, s) in enumerate(ins):
+        b = BRANCH.match(s)
+        if b:
+            t = index.get(int(b.group(2), 16))
+            if t is not None and t <= j:
+                found.append((t, j))
+    return found
+
+
 def loop_invariant_a_clobbers(ins):
     """(wgmma address, writer address, writer) where a wgmma inside a loop reads register A fragments
     that were loaded (LDSM) before the loop and are not reloaded in it (Q held in registers), and
     another instruction in the loop writes one of those registers: the next iteration's wgmma then
     reads that instead. Seen: ptxas gave Q's fragments in the d = 64 dQ pass with Q in registers
     to dS and to an mbarrier byte count (kernel/NOTES.md); the PTX kept them live across the loop."""
-    index = {a: i for i, (a, _) in enumerate(ins)}
-    loops = []  # (start index, back-branch index)
-    for j, (_, s) in enumerate(ins):
-        b = BRANCH.match(s)
-        if b:
-            t = index.get(int(b.group(2), 16))
-            if t is not None and t <= j:
-                loops.append((t, j))
     found = []
+    all_loops = loops(ins)
     for i, a, regs in rs_wgmmas(ins):
-        around = [(lo, hi) for lo, hi in loops if lo <= i <= hi]
+        around = [(lo, hi) for lo, hi in all_loops if lo <= i <= hi]
         if not around:
             continue
         lo, hi = min(around, key=lambda r: r[1] - r[0])
@@ -248,7 +254,7 @@ def test_attention_kernels_have_no_a_operand_hazard_and_no_serialisation():
 
 if __name__ == "__main__":
     # Instruction counts per wgmma kernel of a library or object (the uniform-datapath and wgmma
-    # figures in kernel/NOTES.md "v6"), then what the checks find in it (the builds NOTES "v7" cites):
+    # figures in kernel/NOTES.md "v6"; the innermost wgmma loop's length), then what the checks find in it (the builds NOTES "v7" cites):
     #   python3 tests/attention/test_sass_hazards.py LIB_OR_OBJECT
     import sys
 
@@ -259,6 +265,9 @@ if __name__ == "__main__":
         if h:
             u = sum(o.startswith("U") for o in ops)
             d = sum(o.startswith("WARPGROUP.DEPBAR") for o in ops)
-            print(f"{len(ops):6d} instructions {u:5d} uniform {h:3d} HGMMA {d:3d} DEPBAR  {f}")
+            # the innermost loop holding a wgmma (a kernel's per-tile loop: kernel/NOTES.md compares them)
+            inner = [hi - lo + 1 for lo, hi in loops(ins) if any(o.startswith("HGMMA") for o in ops[lo:hi + 1])]
+            tile = f"{min(inner):5d}" if inner else "    -"
+            print(f"{len(ops):6d} instructions {u:5d} uniform {h:3d} HGMMA {d:3d} DEPBAR {tile} in the tile loop  {f}")
             for line in problems_of(f, ins):
                 print("  PROBLEM " + line)
