@@ -59,10 +59,10 @@ int dkv_variant() {
 
 // The fused pass's loads of Q and dO (DFLASH_ATTN_FUSED_TMA = 1, the default: TMA onto mbarriers where the
 // tensors allow it, else cp.async; 0: cp.async, the A/B oracle; 2: TMA with decoupled warpgroups, no block
-// barrier per item; bwd_fused_sm90.cu). Read at each launch.
+// barrier per item; 3, 4: 2 with the warpgroups' items in an imposed order; bwd_fused_sm90.cu). Read at each launch.
 int fused_tma() {
-  static constexpr int kAllowed[] = {0, 1, 2};
-  return kernel_variant_from_env("DFLASH_ATTN_FUSED_TMA", kAllowed, 3, 1);
+  static constexpr int kAllowed[] = {0, 1, 2, 3, 4};
+  return kernel_variant_from_env("DFLASH_ATTN_FUSED_TMA", kAllowed, 5, 1);
 }
 
 // dq = scale * the fused pass's fp32 sum, read back from its fragment order (bwd_fused_sm90.cu): one

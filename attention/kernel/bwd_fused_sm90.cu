@@ -84,13 +84,16 @@ struct FusedMaps {
   CUtensorMap q, dout;  // [B, Hq, q_len, D] as 4-d (D, rows, H, B), boxes of 64 x 64 (kTma only)
 };
 
-// kMode 0: cp.async loads; 1: TMA loads; 2: TMA loads and decoupled warpgroups (see the loop below).
+// kMode 0: cp.async loads; 1: TMA loads; 2: TMA loads and decoupled warpgroups (see the loop below); 3: 2, with
+// warpgroup 1 starting each item after warpgroup 0 has issued its dV; 4: 3, and warpgroup 0 starting each item
+// after warpgroup 1 has issued the previous item's dV (the two alternate).
 template <int kMode>
 __global__ void __launch_bounds__(kFThreads, 1)
     attn_bwd_fused_kernel(const AttnParams p, const __grid_constant__ FusedMaps maps) {
 #ifdef DFLASH_WGMMA
   constexpr int D = kFD;
   constexpr bool kTma = kMode >= 1;
+  constexpr bool kDec = kMode >= 2;  // decoupled warpgroups (modes 3, 4: with an imposed order, see the loop)
   using S = FusedSmem;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   const uint32_t raw = smem_u32(smem_raw);
@@ -134,7 +137,7 @@ __global__ void __launch_bounds__(kFThreads, 1)
 
   const uint32_t sK0 = base + S::kK, sK = sK0 + wg * S::kTile, sV = base + S::kV + wg * S::kTile;
   const uint32_t sStage0 = base + S::kStage0, sDs0 = base + S::kDs0, sDq0 = base + S::kDq0;
-  const uint32_t sBar0 = base + (kMode == 2 ? S::kBarD : S::kBar);  // full[buf] at sBar0 + 8 buf
+  const uint32_t sBar0 = base + (kDec ? S::kBarD : S::kBar);  // full[buf] at sBar0 + 8 buf
   unsigned char* stage_ptr0 = gbase + S::kStage0;
 
   auto load_item = [&](int i, int buf) {
@@ -142,7 +145,7 @@ __global__ void __launch_bounds__(kFThreads, 1)
     const int m0 = qt * kTileQ;
     const uint32_t st = sStage0 + buf * S::kStageAligned;
     if constexpr (kTma) {
-      if (tid == (kMode == 2 ? 128 : 0)) {  // mode 2: warpgroup 1 loads
+      if (tid == (kDec ? 128 : 0)) {  // mode 2: warpgroup 1 loads
         const uint32_t full = sBar0 + 8 * buf;
         mbar_arrive_expect_tx(full, 2 * S::kTile);
         tma_tile<D>(st, &maps.q, m0, h, b, full);
@@ -157,7 +160,7 @@ __global__ void __launch_bounds__(kFThreads, 1)
     }
     const uint32_t sRows = st + 2 * S::kTile, sL = sRows + kTileQ * 16, sD = sL + kTileQ * 4;
     const int64_t lo = ((int64_t)b * p.Hq + h) * p.q_len;
-    const int li = kMode == 2 ? wt : tid;  // mode 2: warpgroup 1's threads, each arriving on full[buf] below
+    const int li = kDec ? wt : tid;  // mode 2: warpgroup 1's threads, each arriving on full[buf] below
     if (li < kTileQ) {
       cp_async16(sRows + li * 16, rows + m0 + li, true);
       const bool ok = m0 + li < p.q_len;
@@ -167,7 +170,7 @@ __global__ void __launch_bounds__(kFThreads, 1)
       const bool ok = m0 + r < p.q_len;
       cp_async4(sD + r * 4, p.delta + (ok ? lo + m0 + r : 0), ok);
     }
-    if constexpr (kMode == 2) cp_async_mbar_arrive_noinc(sBar0 + 8 * buf);
+    if constexpr (kDec) cp_async_mbar_arrive_noinc(sBar0 + 8 * buf);
   };
 
   // mode 2's barriers (S::kBarD): full[b] (the loader's expect_tx and warpgroup 1's 128 cp.async arrivals),
@@ -177,7 +180,7 @@ __global__ void __launch_bounds__(kFThreads, 1)
   auto bar_empty = [&](int b) { return sBar0 + 16 + 8 * b; };
   auto bar_dsfull = [&](int w, int b) { return sBar0 + 32 + 16 * w + 8 * b; };
   auto bar_dsfree = [&](int b) { return sBar0 + 64 + 8 * b; };
-  if constexpr (kMode == 2) {
+  if constexpr (kDec) {
     if (tid == 0) {
       for (int b = 0; b < 2; ++b) {
         mbar_init(bar_full(b), 1 + 128);
@@ -198,14 +201,14 @@ __global__ void __launch_bounds__(kFThreads, 1)
   load_tile_w<kTileK, D, 128>(sK, k, p.k_sr, nw, p.kv_len, wt);
   load_tile_w<kTileK, D, 128>(sV, v, p.v_sr, nw, p.kv_len, wt);
   int item = next_item(0);
-  if (kMode != 2 && item < nitems) load_item(item, 0);
+  if (!kDec && item < nitems) load_item(item, 0);
   cp_async_commit();
   if constexpr (kTma) {  // K, V and the first item's row records in shared memory; the barriers initialised
     cp_async_wait<0>();
     fence_proxy_async();
     __syncthreads();
   }
-  if (kMode == 2 && wg == 1 && item < nitems) load_item(item, 0);
+  if (kDec && wg == 1 && item < nitems) load_item(item, 0);
 
   const int g = lane >> 2, t4 = lane & 3;
   const int keyA = nw + warp * 16 + g, keyB = keyA + 8;
@@ -215,7 +218,7 @@ __global__ void __launch_bounds__(kFThreads, 1)
   for (int i = 0; i < D / 8; ++i)
     dk[i][0] = dk[i][1] = dk[i][2] = dk[i][3] = dv[i][0] = dv[i][1] = dv[i][2] = dv[i][3] = 0.f;
 
-  if constexpr (kMode == 2) {
+  if constexpr (kDec) {
     // Decoupled warpgroups. The two warpgroups exchange dS^T through two buffers and shared-memory
     // barriers instead of block barriers, and warpgroup 0 adds dQ one item late, so that neither waits for
     // the other within an item: warpgroup 1 computes dQ(n)[:, 64 .. 128) as soon as warpgroup 0 has stored
@@ -247,6 +250,13 @@ __global__ void __launch_bounds__(kFThreads, 1)
       const int cand = item + 1;
       const int4 tq_cand = cand < nitems ? qtiles[qt_of(cand)] : make_int4(0, 0, 0, 0);
       mbar_wait(bar_full(s), u);
+      // modes 3, 4: named barrier 3 = warpgroup 0's dV(n) issued (warpgroup 1 waits for it here), 4 = warpgroup
+      // 1's dV(n-1) issued (mode 4: warpgroup 0 waits); each is arrived at once per item before its wait
+      // (neither warpgroup can arrive twice before the other has waited: each arrival follows a wait on the other)
+      if constexpr (kMode >= 3) {
+        if (wg == 1) named_sync(3, 256);
+        else if (kMode == 4 && n >= 1) named_sync(4, 256);
+      }
       const uint32_t sQ = sStage0 + s * S::kStageAligned, sdO = sQ + S::kTile;
       const unsigned char* stp = stage_ptr0 + s * S::kStageAligned + 2 * S::kTile;
       const int4* sRows = reinterpret_cast<const int4*>(stp);
@@ -281,6 +291,10 @@ __global__ void __launch_bounds__(kFThreads, 1)
 #pragma unroll
       for (int kk = 0; kk < 4; ++kk) wgmma_rs_nd_tb<D>(dv, pa[kk], desc_mn<kTileQ>(sdO, kk));
       wg_commit();
+      if constexpr (kMode >= 3) {
+        if (wg == 0) named_arrive(3, 256);
+        else if (kMode == 4 && nxt < nitems) named_arrive(4, 256);  // (warpgroup 0 waits only for a next item)
+      }
       wg_wait<1>();
       reg_fence(dpt);
       bwd_ds_from_dpt(dpt, sD, t4, pa, da);
@@ -511,22 +525,26 @@ namespace {
 std::atomic<int64_t> g_fused_tma_launches{0}, g_fused_decoupled_launches{0};
 }  // namespace
 
-// mode (DFLASH_ATTN_FUSED_TMA, read in bwd.cu): 0 cp.async loads; 1 Q and dO by TMA; 2 by TMA with decoupled
-// warpgroups. 1 and 2 run as 0 where a tensor map cannot describe q or dO.
+// mode (DFLASH_ATTN_FUSED_TMA, read in bwd.cu): 0 cp.async loads; 1 Q and dO by TMA; 2-4 by TMA with decoupled
+// warpgroups (3, 4: in an imposed order). 1-4 run as 0 where a tensor map cannot describe q or dO.
 void launch_bwd_fused(const AttnParams& p, int mode, void* stream) {
   FusedMaps maps{};
   const bool tma = mode > 0 && tile_map(&maps.q, p.q, p.B, p.Hq, p.q_len, p.d, p.q_sb, p.q_sh, p.q_sr) &&
                    tile_map(&maps.dout, p.dout, p.B, p.Hq, p.q_len, p.d, p.do_sb, p.do_sh, p.do_sr);
   if (!tma) mode = 0;
-  const int smem = mode == 2 ? FusedSmem::kBytesD : FusedSmem::kBytes;
-  auto kern = mode == 2 ? attn_bwd_fused_kernel<2> : mode == 1 ? attn_bwd_fused_kernel<1> : attn_bwd_fused_kernel<0>;
+  const int smem = mode >= 2 ? FusedSmem::kBytesD : FusedSmem::kBytes;
+  auto kern = mode == 4   ? attn_bwd_fused_kernel<4>
+              : mode == 3 ? attn_bwd_fused_kernel<3>
+              : mode == 2 ? attn_bwd_fused_kernel<2>
+              : mode == 1 ? attn_bwd_fused_kernel<1>
+                          : attn_bwd_fused_kernel<0>;
   cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   kern<<<dim3((p.meta.nkt + 1) / 2, p.Hkv, p.B), kFThreads, smem, static_cast<cudaStream_t>(stream)>>>(p, maps);
-  DFLASH_CHECK_LAUNCH(mode == 2   ? "attention backward fused dk/dv/dq (wgmma, TMA loads, decoupled warpgroups)"
+  DFLASH_CHECK_LAUNCH(mode >= 2   ? "attention backward fused dk/dv/dq (wgmma, TMA loads, decoupled warpgroups)"
                       : mode == 1 ? "attention backward fused dk/dv/dq (wgmma, TMA loads)"
                                   : "attention backward fused dk/dv/dq (wgmma)");
   if (mode > 0) g_fused_tma_launches.fetch_add(1, std::memory_order_relaxed);
-  if (mode == 2) g_fused_decoupled_launches.fetch_add(1, std::memory_order_relaxed);
+  if (mode >= 2) g_fused_decoupled_launches.fetch_add(1, std::memory_order_relaxed);
 }
 
 int64_t fused_tma_launch_count() { return g_fused_tma_launches.load(std::memory_order_relaxed); }
