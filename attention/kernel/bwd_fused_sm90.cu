@@ -253,9 +253,23 @@ __global__ void __launch_bounds__(kFThreads, 1)
       // modes 3, 4: named barrier 3 = warpgroup 0's dV(n) issued (warpgroup 1 waits for it here), 4 = warpgroup
       // 1's dV(n-1) issued (mode 4: warpgroup 0 waits); each is arrived at once per item before its wait
       // (neither warpgroup can arrive twice before the other has waited: each arrival follows a wait on the other)
+      // Warpgroup 1 then frees item n-1's stage and loads item n+1 before that wait (its dK(n-1) finishing while
+      // it would wait anyway), which gives the load the time of warpgroup 0's first half item more.
+      const int nxt = cand >= nitems ? nitems : valid_tq(tq_cand) ? cand : next_item(cand + 1);
       if constexpr (kMode >= 3) {
-        if (wg == 1) named_sync(3, 256);
-        else if (kMode == 4 && n >= 1) named_sync(4, 256);
+        if (wg == 1) {
+          wg_wait<0>();  // dK(n-1) done
+          reg_fence(dk);
+          reg_fence_a(da);
+          if (n >= 1) mbar_arrive(bar_empty(s ^ 1));
+          if (nxt < nitems) {
+            if (n >= 1) mbar_wait(bar_empty(s ^ 1), ((n - 1) >> 1) & 1);
+            load_item(nxt, s ^ 1);
+          }
+          named_sync(3, 256);
+        } else if (kMode == 4 && n >= 1) {
+          named_sync(4, 256);
+        }
       }
       const uint32_t sQ = sStage0 + s * S::kStageAligned, sdO = sQ + S::kTile;
       const unsigned char* stp = stage_ptr0 + s * S::kStageAligned + 2 * S::kTile;
@@ -277,11 +291,12 @@ __global__ void __launch_bounds__(kFThreads, 1)
       reg_fence(st);
       reg_fence(dk);
       reg_fence_a(da);
-      if (n >= 1) mbar_arrive(bar_empty(s ^ 1));
-      const int nxt = cand >= nitems ? nitems : valid_tq(tq_cand) ? cand : next_item(cand + 1);
-      if (wg == 1 && nxt < nitems) {
-        if (n >= 1) mbar_wait(bar_empty(s ^ 1), ((n - 1) >> 1) & 1);
-        load_item(nxt, s ^ 1);
+      if (kMode == 2 || wg == 0) {
+        if (n >= 1) mbar_arrive(bar_empty(s ^ 1));
+        if (kMode == 2 && wg == 1 && nxt < nitems) {
+          if (n >= 1) mbar_wait(bar_empty(s ^ 1), ((n - 1) >> 1) & 1);
+          load_item(nxt, s ^ 1);
+        }
       }
 
       bwd_mask_st(st, sRows, nw + warp * 16, lane, t4, keyA, keyB);
