@@ -20,8 +20,13 @@ cfg_env() { echo "${1#*=}" | tr ',' ' '; }  # NAME=A=1,B=2 -> "A=1 B=2"
 cfg_name() { echo "${1%%=*}"; }
 rc=0
 echo "## test_attention (KernelFused*, KernelBackward*)"
-timeout 120 "$BUILD/tests/attention/test_attention" --gtest_filter='KernelFused*:KernelBackward*' > "$OUT/test_fused.txt" 2>&1 ||
-  { rc=1; echo "FAILED (or timed out): test_attention"; }
+timeout 120 "$BUILD/tests/attention/test_attention" --gtest_filter='KernelFused*:KernelBackward*' > "$OUT/test_fused.txt" 2>&1
+trc=$?
+if [ $trc -ne 0 ]; then
+  rc=1; echo "FAILED: test_attention (rc $trc)"
+  # a hang (timeout's 124) would hang every benchmark of a decoupled mode too: those are dropped
+  [ $trc = 124 ] && CONFIGS=$(printf '%s\n' $CONFIGS | grep -v 'FUSED_TMA=[234]' | tr '\n' ' ') && echo "timed out: running $CONFIGS"
+fi
 grep -E '^\[ *(OK|FAILED|PASSED) |Failure|Expected|Which is|fused backward .*dQ:' "$OUT/test_fused.txt" | head -60
 for r in 1 2; do
   echo "## round $r: attention_bench (fwd+bwd, ms)"
