@@ -25,6 +25,7 @@ trc=$?
 if [ $trc -ne 0 ]; then
   rc=1; echo "FAILED: test_attention (rc $trc)"
   # a hang (timeout's 124) would hang every benchmark of a decoupled mode too: those are dropped
+  # shellcheck disable=SC2086
   [ $trc = 124 ] && CONFIGS=$(printf '%s\n' $CONFIGS | grep -v 'FUSED_TMA=[234]' | tr '\n' ' ') && echo "timed out: running $CONFIGS"
 fi
 grep -E '^\[ *(OK|FAILED|PASSED) |Failure|Expected|Which is|fused backward .*dQ:' "$OUT/test_fused.txt" | head -60
