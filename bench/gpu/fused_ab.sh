@@ -6,7 +6,8 @@
 # A configuration is NAME=VAR=VALUE[,VAR=VALUE...]; DFLASH_FAB_CONFIGS holds them, space-separated
 # (default: the split backward, the fused one with TMA loads, the fused one with decoupled warpgroups in
 # each of its orders, DFLASH_ATTN_FUSED_TMA=2, 3, 4). The drafter step runs the long shape only for
-# the fused configurations (DFLASH_FAB_TRAIN=1: the recipe shape too).
+# the fused configurations (DFLASH_FAB_STEP="NAME ...": only those; DFLASH_FAB_TRAIN=1: the recipe shape
+# too); DFLASH_FAB_ROUNDS (default 2) rounds of attention_bench.
 #   bash bench/gpu/fused_ab.sh BUILD_DIR OUT_DIR          (bash bench/gpu/run_all.sh fused_ab)
 # targets: test_attention attention_bench drafter_bench
 set -uo pipefail
@@ -29,7 +30,7 @@ if [ $trc -ne 0 ]; then
   [ $trc = 124 ] && CONFIGS=$(printf '%s\n' $CONFIGS | grep -v 'FUSED_TMA=[234]' | tr '\n' ' ') && echo "timed out: running $CONFIGS"
 fi
 grep -E '^\[ *(OK|FAILED|PASSED) |Failure|Expected|Which is|fused backward .*dQ:' "$OUT/test_fused.txt" | head -60
-for r in 1 2; do
+for r in $(seq 1 "${DFLASH_FAB_ROUNDS:-2}"); do
   echo "## round $r: attention_bench (fwd+bwd, ms)"
   for c in $CONFIGS; do
     n=$(cfg_name "$c")
@@ -42,6 +43,7 @@ echo "## drafter full step"
 for c in $CONFIGS; do
   n=$(cfg_name "$c")
   [ "$n" = split ] && continue
+  [ -n "${DFLASH_FAB_STEP:-}" ] && [[ " $DFLASH_FAB_STEP " != *" $n "* ]] && continue
   # shellcheck disable=SC2046
   env $(cfg_env "$c") timeout 120 "$BUILD/bench/drafter_bench" --seq 40000 --rows 1 --anchors 2048 --attention kernel \
     --optimizer --iters 3 --warmup 1 > "$OUT/drafter_long_$n.txt" 2>&1 || rc=1
