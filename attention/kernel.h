@@ -147,8 +147,6 @@ int kernel_variant_from_env(const char* name, const int* allowed, int n, int fal
 int64_t ws_launch_count();
 // Launches of the fused backward pass with its Q/dO loads by TMA (tests: it ran, not its cp.async fallback).
 int64_t fused_tma_launch_count();
-// Of those, launches with decoupled warpgroups (DFLASH_ATTN_FUSED_TMA=2).
-int64_t fused_decoupled_launch_count();
 
 }  // namespace dflash::attention
 

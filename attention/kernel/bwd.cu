@@ -25,7 +25,7 @@ namespace dflash::attention {
 
 bool wgmma_supported();                                   // bwd_sm90.cu
 void launch_dkv_wgmma(const AttnParams& p, void* stream);  // bwd_sm90.cu
-void launch_bwd_fused(const AttnParams& p, int mode, void* stream);  // bwd_fused_sm90.cu
+void launch_bwd_fused(const AttnParams& p, bool tma, void* stream);  // bwd_fused_sm90.cu
 void launch_dq_wgmma(const AttnParams& p, void* stream);   // fwd_sm90.cu
 bool launch_dq_ws(const AttnParams& p, int variant, void* stream);  // ws_sm90.cu
 
@@ -58,11 +58,10 @@ int dkv_variant() {
 }
 
 // The fused pass's loads of Q and dO (DFLASH_ATTN_FUSED_TMA = 1, the default: TMA onto mbarriers where the
-// tensors allow it, else cp.async; 0: cp.async, the A/B oracle; 2: TMA with decoupled warpgroups, no block
-// barrier per item; 3, 4: 2 with the warpgroups' items in an imposed order; bwd_fused_sm90.cu). Read at each launch.
+// tensors allow it, else cp.async; 0: cp.async, the A/B oracle; bwd_fused_sm90.cu). Read at each launch.
 int fused_tma() {
-  static constexpr int kAllowed[] = {0, 1, 2, 3, 4};
-  return kernel_variant_from_env("DFLASH_ATTN_FUSED_TMA", kAllowed, 5, 1);
+  static constexpr int kAllowed[] = {0, 1};
+  return kernel_variant_from_env("DFLASH_ATTN_FUSED_TMA", kAllowed, 2, 1);
 }
 
 // dq = scale * the fused pass's fp32 sum, read back from its fragment order (bwd_fused_sm90.cu): one
@@ -544,7 +543,7 @@ void run_bwd(const AttnParams& p, cudaStream_t s, int stage) {
   if (stage < 0 || stage == 2) {
     const int var = dkv_variant();
     if (fused) {
-      launch_bwd_fused(p, fused_tma(), s);
+      launch_bwd_fused(p, fused_tma() == 1, s);
       dq_from_accum_kernel<<<(unsigned)((threads + 255) / 256), 256, 0, s>>>(p);
       DFLASH_CHECK_LAUNCH("attention backward dq from the fused sum");
     } else if ((var == 3 || var == 7) && wgmma_supported()) launch_dkv_wgmma(p, s);

@@ -32,19 +32,6 @@ __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t byt
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
 #endif
 }
-// This thread's arrival (release at CTA scope: its earlier shared-memory writes are seen by the waiters).
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-#ifdef DFLASH_WGMMA
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-#endif
-}
-// An arrival on `bar` once every cp.async this thread issued before has landed; counted in the barrier's
-// init count (.noinc).
-__device__ __forceinline__ void cp_async_mbar_arrive_noinc(uint32_t bar) {
-#ifdef DFLASH_WGMMA
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
-#endif
-}
 // Whether the phase of parity `parity` has completed. The wait loops in C++, not inside the asm:
 // a branch hidden in asm leaves the compiler unaware that lanes may leave the loop at different
 // times, and the warp must be converged again at the next .aligned wgmma instruction.
