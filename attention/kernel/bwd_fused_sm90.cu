@@ -214,15 +214,7 @@ __global__ void __launch_bounds__(kFThreads, 1)
     const float* sD = sL + kTileQ;
 
     float st[8][4], dpt[8][4];
-    wg_fence();
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks)
-      wgmma_ss_n64(st, desc_k<kTileK>(sK, ks), desc_k<kTileQ>(sQ, ks), ks > 0);
-    wg_commit();
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks)
-      wgmma_ss_n64(dpt, desc_k<kTileK>(sV, ks), desc_k<kTileQ>(sdO, ks), ks > 0);
-    wg_commit();
+    bwd_issue_st_dpt<D>(st, dpt, sK, sV, sQ, sdO);
     wg_wait<1>();  // S^T(i) done, and before it dK(i-1)
     reg_fence(st);
     reg_fence(dk);
@@ -253,17 +245,8 @@ __global__ void __launch_bounds__(kFThreads, 1)
     // dS^T = P^T * (dP^T - delta) as bf16 A fragments (bwd_item.cuh)
     bwd_ds_from_dpt(dpt, sD, t4, pa, da);
 
-    // dS^T rows (keys) 16 warp + g (+8), columns (query rows) 16 kk + 2 t4 (+8): 4-byte stores into
-    // this warpgroup's swizzled [64][64] tile; 8 rows x 4 words per instruction hit 32 distinct banks.
-    const uint32_t sDs = sDs0 + wg * S::kDs;
-    const int ra = warp * 16 + g, rb = ra + 8;
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      asm volatile("st.shared.b32 [%0], %1;" ::"r"(sDs + swz_w<kTileK>(ra, 2 * kk) + 4 * t4), "r"(da[kk][0]));
-      asm volatile("st.shared.b32 [%0], %1;" ::"r"(sDs + swz_w<kTileK>(rb, 2 * kk) + 4 * t4), "r"(da[kk][1]));
-      asm volatile("st.shared.b32 [%0], %1;" ::"r"(sDs + swz_w<kTileK>(ra, 2 * kk + 1) + 4 * t4), "r"(da[kk][2]));
-      asm volatile("st.shared.b32 [%0], %1;" ::"r"(sDs + swz_w<kTileK>(rb, 2 * kk + 1) + 4 * t4), "r"(da[kk][3]));
-    }
+    // dS^T -> this warpgroup's swizzled [64][64] tile (bwd_item.cuh)
+    bwd_store_dst(sDs0 + wg * S::kDs, da, warp, g, t4);
     fence_proxy_async();
     __syncthreads();  // both warpgroups' dS^T tiles in shared memory, visible to the tensor cores
 

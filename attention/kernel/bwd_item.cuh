@@ -11,6 +11,35 @@
 
 namespace dflash::attention::dev {
 
+// dS^T (the A fragments da: keys 16 warp + g (+8), query rows 16 kk + 2 t4 (+8)) -> the swizzled [64][64] bf16
+// tile at sDs by 4-byte stores; 8 rows x 4 words per instruction hit 32 distinct banks.
+__device__ __forceinline__ void bwd_store_dst(uint32_t sDs, const uint32_t (&da)[4][4], int warp, int g, int t4) {
+  const int ra = warp * 16 + g, rb = ra + 8;
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    asm volatile("st.shared.b32 [%0], %1;" ::"r"(sDs + swz_w<kTileK>(ra, 2 * kk) + 4 * t4), "r"(da[kk][0]));
+    asm volatile("st.shared.b32 [%0], %1;" ::"r"(sDs + swz_w<kTileK>(rb, 2 * kk) + 4 * t4), "r"(da[kk][1]));
+    asm volatile("st.shared.b32 [%0], %1;" ::"r"(sDs + swz_w<kTileK>(ra, 2 * kk + 1) + 4 * t4), "r"(da[kk][2]));
+    asm volatile("st.shared.b32 [%0], %1;" ::"r"(sDs + swz_w<kTileK>(rb, 2 * kk + 1) + 4 * t4), "r"(da[kk][3]));
+  }
+}
+
+// S^T = K Q^T and dP^T = V dO^T of this warpgroup's 64 keys against the item's 64 query rows, issued as two
+// wgmma groups, S^T's first (a wait<1> then finds S^T done while dP^T runs on).
+template <int D>
+__device__ __forceinline__ void bwd_issue_st_dpt(float (&st)[8][4], float (&dpt)[8][4], uint32_t sK, uint32_t sV,
+                                                 uint32_t sQ, uint32_t sdO) {
+  wg_fence();
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks)
+    wgmma_ss_n64(st, desc_k<kTileK>(sK, ks), desc_k<kTileQ>(sQ, ks), ks > 0);
+  wg_commit();
+#pragma unroll
+  for (int ks = 0; ks < D / 16; ++ks)
+    wgmma_ss_n64(dpt, desc_k<kTileK>(sV, ks), desc_k<kTileQ>(sdO, ks), ks > 0);
+  wg_commit();
+}
+
 // S^T := -inf where key keyA / keyB is not visible to the query row (row records sRows: two key ranges
 // [x, y), [z, w) per row). Skipped when every row of the tile sees all 16 keys of the warp (kw: its first).
 __device__ __forceinline__ void bwd_mask_st(float (&st)[8][4], const int4* sRows, int kw, int lane, int t4, int keyA,

@@ -137,15 +137,7 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dkv_wgmma_kernel(const
     const float* sD = sL + kTileQ;
 
     float st[8][4], dpt[8][4];
-    wg_fence();
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks)
-      wgmma_ss_n64(st, desc_k<kTileK>(sK, ks), desc_k<kTileQ>(sQ, ks), ks > 0);
-    wg_commit();
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ++ks)
-      wgmma_ss_n64(dpt, desc_k<kTileK>(sV, ks), desc_k<kTileQ>(sdO, ks), ks > 0);
-    wg_commit();
+    bwd_issue_st_dpt<D>(st, dpt, sK, sV, sQ, sdO);
     wg_wait<1>();  // S^T(i) done, and before it dK(i-1)
     reg_fence(st);
     reg_fence(dk);
