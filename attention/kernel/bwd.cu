@@ -374,17 +374,8 @@ __global__ void __launch_bounds__(32 * NW, 8 / NW) attn_bwd_dkv_kernel(const Att
     load_tile<kTileQ, D, NT>(st + S::kTile,
                                    static_cast<const bf16*>(p.dout) + b * p.do_sb + h * p.do_sh,
                                    p.do_sr, m0, p.q_len, tid);
-    const uint32_t sRows = st + 2 * S::kTile, sL = sRows + kTileQ * 16, sD = sL + kTileQ * 4;
     const int64_t lo = ((int64_t)b * p.Hq + h) * p.q_len;
-    if (tid < kTileQ) {
-      cp_async16(sRows + tid * 16, rows + m0 + tid, true);
-      const bool ok = m0 + tid < p.q_len;
-      cp_async4(sL + tid * 4, p.lse + (ok ? lo + m0 + tid : 0), ok);
-    } else if (tid < 2 * kTileQ) {
-      const int r = tid - kTileQ;
-      const bool ok = m0 + r < p.q_len;
-      cp_async4(sD + r * 4, p.delta + (ok ? lo + m0 + r : 0), ok);
-    }
+    load_row_stats<kTileQ, NT>(st + 2 * S::kTile, rows, p.lse, p.delta, lo, m0, p.q_len, tid);
   };
 
   load_tile<BNK, D, NT>(sK, k, p.k_sr, n0, p.kv_len, tid);

@@ -39,6 +39,24 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
 }
 
+// A backward item's per-row data into the tail of its stage at sRows: R row records (int4, rows + m0 ..), then the
+// LSE and delta of rows m0 .. m0 + R (lse / delta + lo + m0 ..; rows >= q_len zero-filled). Threads 0 .. R-1 load
+// the records and LSE, threads R .. 2R-1 the deltas, of the NT >= 2R threads of the block.
+template <int R, int NT>
+__device__ __forceinline__ void load_row_stats(uint32_t sRows, const int4* rows, const float* lse, const float* delta,
+                                               int64_t lo, int m0, int q_len, int tid) {
+  const uint32_t sL = sRows + R * 16, sD = sL + R * 4;
+  if (tid < R) {
+    cp_async16(sRows + tid * 16, rows + m0 + tid, true);
+    const bool ok = m0 + tid < q_len;
+    cp_async4(sL + tid * 4, lse + (ok ? lo + m0 + tid : 0), ok);
+  } else if (NT == 2 * R || tid < 2 * R) {
+    const int r = tid - R;
+    const bool ok = m0 + r < q_len;
+    cp_async4(sD + r * 4, delta + (ok ? lo + m0 + r : 0), ok);
+  }
+}
+
 // Loads rows [row0, row0 + R) of a [*, D] bf16 matrix with row stride `ld` (elements) into a
 // swizzled tile; rows >= nrows are zero-filled. All NT threads of the block take part.
 template <int R, int D, int NT>
