@@ -557,6 +557,11 @@ void launch_attn_bwd_stage(const AttnParams& params, int stage, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
   AttnParams p = params;
   p.bwd_descend = bwd_descend();
+  // The dK/dV and fused passes divide an item index by G with a multiply (ItemDiv, bwd_item.cuh), exact below 2^32 / G.
+  const int64_t G = p.Hkv > 0 ? p.Hq / p.Hkv : 1;
+  if (static_cast<int64_t>(p.meta.nqt) * G * G >= (int64_t{1} << 32))
+    throw std::runtime_error("dflash attention kernel: " + std::to_string(p.meta.nqt) + " query tiles x (" +
+                             std::to_string(G) + " query heads per KV head)^2 must stay below 2^32 (the backward's item walk)");
   if (p.d == 128) run_bwd<128>(p, s, stage);
   else if (p.d == 64) run_bwd<64>(p, s, stage);
   else throw std::runtime_error("dflash attention kernel: head dim must be 64 or 128");

@@ -107,7 +107,8 @@ __global__ void __launch_bounds__(kFThreads, 1)
   const int nitems = (kr.y - kr.x) * G;
   // item i: query tile qt_of(i) (ascending from kr.x, or descending from kr.y - 1), query head hk G + i % G
   const int qt0 = p.bwd_descend ? kr.y - 1 : kr.x, qdir = p.bwd_descend ? -1 : 1;
-  auto qt_of = [&](int i) { return qt0 + qdir * (i / G); };
+  const ItemDiv div_g(G);
+  auto qt_of = [&](int i) { return qt0 + qdir * div_g(i); };
   auto valid_tq = [&](const int4 tq) {  // does query tile record tq see this CTA's 128 keys?
     return (tq.x < n0 + 2 * kTileK && tq.y > n0 && tq.y > tq.x) ||
            (tq.z < n0 + 2 * kTileK && tq.w > n0 && tq.w > tq.z);
@@ -118,7 +119,7 @@ __global__ void __launch_bounds__(kFThreads, 1)
     return i;
   };
   auto dq_tile = [&](int i) {  // item i's 64 x 128 fp32 partial in p.dq_accum
-    const int qt = qt_of(i), h = hk * G + i % G;
+    const int gi = div_g(i), qt = qt0 + qdir * gi, h = hk * G + (i - gi * G);
     return p.dq_accum + (((int64_t)b * p.Hq + h) * nqt + qt) * (kTileQ * D);
   };
 
@@ -128,7 +129,7 @@ __global__ void __launch_bounds__(kFThreads, 1)
   unsigned char* stage_ptr0 = gbase + S::kStage0;
 
   auto load_item = [&](int i, int buf) {
-    const int qt = qt_of(i), h = hk * G + i % G;
+    const int gi = div_g(i), qt = qt0 + qdir * gi, h = hk * G + (i - gi * G);
     const int m0 = qt * kTileQ;
     const uint32_t st = sStage0 + buf * S::kStageAligned;
     if constexpr (kTma) {
@@ -215,12 +216,12 @@ __global__ void __launch_bounds__(kFThreads, 1)
       cp_async_wait<0>();  // this item's row records, LSE, delta
     }
     __syncthreads();  // every warp is past dK(i-1): item i-1's stage buffer may be refilled
-    if constexpr (kTma) {
-      if (tid == 0 && prev >= 0) bulk_add_f32(dq_tile(prev), sDq0 + (buf ^ 1) * S::kDq, S::kDq);
-    }
     const int nxt = cand >= nitems ? nitems : valid_tq(tq_cand) ? cand : next_item(cand + 1);
     if (nxt < nitems) load_item(nxt, buf ^ 1);
     cp_async_commit();
+    if constexpr (kTma) {  // after the next item's loads: they wait on nothing, the add only on its own reads (NOTES v15)
+      if (tid == 0 && prev >= 0) bulk_add_f32(dq_tile(prev), sDq0 + (buf ^ 1) * S::kDq, S::kDq);
+    }
 
     // P^T (0 where masked) as bf16 A fragments (bwd_item.cuh)
     bwd_mask_st(st, sRows, nw + warp * 16, lane, t4, keyA, keyB);

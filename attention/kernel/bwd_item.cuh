@@ -7,6 +7,7 @@
 #include <cuda_bf16.h>
 
 #include "attention/kernel/common.cuh"
+#include "attention/kernel/item_div.h"
 #include "attention/kernel/wgmma.cuh"
 
 namespace dflash::attention::dev {

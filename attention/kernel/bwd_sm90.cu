@@ -62,7 +62,8 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dkv_wgmma_kernel(const
   const int nitems = (kr.y - kr.x) * G;
   // item i: query tile qt_of(i) (ascending from kr.x, or descending from kr.y - 1), query head hk G + i % G
   const int qt0 = p.bwd_descend ? kr.y - 1 : kr.x, qdir = p.bwd_descend ? -1 : 1;
-  auto qt_of = [&](int i) { return qt0 + qdir * (i / G); };
+  const ItemDiv div_g(G);
+  auto qt_of = [&](int i) { return qt0 + qdir * div_g(i); };
   auto valid_tq = [&](const int4 tq) {  // does query tile record tq see this key tile?
     return (tq.x < n0 + kTileK && tq.y > n0 && tq.y > tq.x) ||
            (tq.z < n0 + kTileK && tq.w > n0 && tq.w > tq.z);
@@ -77,7 +78,7 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dkv_wgmma_kernel(const
   unsigned char* stage_ptr0 = gbase + 2 * S::kTile;
 
   auto load_item = [&](int i, int buf) {
-    const int qt = qt_of(i), h = hk * G + i % G;
+    const int gi = div_g(i), qt = qt0 + qdir * gi, h = hk * G + (i - gi * G);
     const int m0 = qt * kTileQ;
     const uint32_t st = sStage0 + buf * S::kStageAligned;
     load_tile_w<kTileQ, D, kWgThreads>(st, static_cast<const bf16*>(p.q) + b * p.q_sb + h * p.q_sh, p.q_sr, m0,

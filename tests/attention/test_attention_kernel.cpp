@@ -13,6 +13,8 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <climits>
+#include <cstdint>
 #include <cstdlib>
 #include <random>
 #include <string>
@@ -22,6 +24,7 @@
 
 #include "attention/dflash_attention.h"
 #include "attention/kernel.h"
+#include "attention/kernel/item_div.h"
 #include "core/error.h"
 #if DFLASH_ATTENTION_KERNEL
 #include <c10/cuda/CUDAStream.h>
@@ -627,6 +630,23 @@ TEST(KernelVariantEnv, DefaultAllowedAndRejected) {
     }
   }
   unsetenv(name);
+}
+
+// The backward's item walk divides by G with a multiply (attention/kernel/item_div.h, host and device alike): equal to
+// i / G for every G of 1..64 on [0, 2^20) and on the 2^16 largest i below min(2^32 / G, 2^31), where the rounding
+// error of ceil(2^32 / G) weighs most (with floor(2^32 / G) instead it fails at G = 3, i = 3).
+TEST(ItemDiv, MatchesDivision) {
+  for (int G = 1; G <= 64; ++G) {
+    const dev::ItemDiv div(G);
+    const int64_t top = std::min<int64_t>(((int64_t{1} << 32) - 1) / G, INT32_MAX);
+    int bad = 0;
+    auto check = [&](int64_t i) {
+      const int got = div(static_cast<int>(i));
+      if (got != i / G && bad++ < 3) ADD_FAILURE() << "G " << G << " i " << i << ": " << got << ", not " << i / G;
+    };
+    for (int64_t i = 0; i < (1 << 20); ++i) check(i);
+    for (int64_t i = top - (1 << 16); i <= top; ++i) check(i);
+  }
 }
 
 TEST(KernelValidation, RejectsBadInputsWithNamedErrors) {
