@@ -3,11 +3,13 @@
 "BAR met" or "BAR NOT MET", with the measured figure and the bar.
 
     python3 bench/speed_bars.py --drafter drafter_step_4x3072.txt drafter_step_1x40000.txt \
-        --target target.json
+        --target target.json [--drafter-fused drafter_step_1x40000_fused_bwd.txt]
 
 --drafter: drafter_bench output (its table rows "| S | B | attention / loss | fwd | bwd | opt | step |
 draft pos/s | target tok/s | ..."); the kernel rows ("kernel fused") of the bar shapes are judged.
 --target: target_bench forward --json output (rows with "shape" and "tokens_per_s").
+--drafter-fused: drafter_bench output run with the fused backward (drafter.attention_backward: fused,
+opt-in); one more line per drafter bar whose shape it holds, named so (no line for a shape it lacks).
 A bar whose measurement is missing (a shape not run, a failed row) reads "BAR ... not measured".
 Always exits 0: the lines are a report, the benchmarks' own checks decide the area's status.
 """
@@ -56,10 +58,12 @@ def verdict(what, got, bar):
     return f"BAR {what}: {got:,.0f} tok/s, {100.0 * got / bar:.1f}% of the bar >= {bar:,.0f}: {state}"
 
 
-def report(drafter_paths, target_path):
+def report(drafter_paths, target_path, fused_paths=()):
     d = drafter_rows(drafter_paths)
     t = target_rows(target_path) if target_path else {}
     lines = [verdict(w, d.get(k), b) for w, k, b in DRAFTER_BARS]
+    f = drafter_rows(fused_paths)
+    lines += [verdict(w + ", fused backward (opt-in)", f[k], b) for w, k, b in DRAFTER_BARS if k in f]
     lines += [verdict(w, t.get(k), b) for w, k, b in TARGET_BARS]
     return lines
 
@@ -68,8 +72,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--drafter", nargs="*", default=[])
     ap.add_argument("--target")
+    ap.add_argument("--drafter-fused", nargs="*", default=[])
     a = ap.parse_args()
-    for line in report(a.drafter, a.target):
+    for line in report(a.drafter, a.target, a.drafter_fused):
         print(line)
 
 

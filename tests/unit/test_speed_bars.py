@@ -34,6 +34,21 @@ def test_bars_from_the_tables(tmp_path):
     ]
 
 
+def test_fused_backward_lines(tmp_path):
+    """--drafter-fused adds a line for each bar shape its file holds, after the default's lines."""
+    fused = tmp_path / "fused.txt"
+    fused.write_text(HEAD + "| 40000 | 1 | kernel fused | 347.6 | 516.0 | 10.7 | 874.3 | 37478 | 45749 | 538.6 | 67.8% | 45.9 |\n")
+    lines = speed_bars.report([], None, [str(fused)])
+    assert lines == [
+        "BAR drafter step 4 x 3072, 512 anchors, kernel: not measured (bar >= 25,000 tok/s)",
+        "BAR drafter step 1 x 40000, 2048 anchors, kernel: not measured (bar >= 45,000 tok/s)",
+        "BAR drafter step 1 x 40000, 2048 anchors, kernel, fused backward (opt-in): 45,749 tok/s, 101.7% of the bar "
+        ">= 45,000: met",
+        "BAR target capture forward 8 x 2048: not measured (bar >= 46,000 tok/s)",
+    ]
+    assert len(speed_bars.report([], None, [str(tmp_path / "absent.txt")])) == 3
+
+
 def test_missing_and_failed_measurements(tmp_path):
     long = tmp_path / "long.txt"
     long.write_text(HEAD + "| 40000 | 1 | kernel fused | failed: CUDA out of memory |\n")
