@@ -5,6 +5,9 @@
 // naming the key and its origin; the test suite's CPU build has no kernel).
 #include <gtest/gtest.h>
 
+#include <string>
+#include <tuple>
+
 #include "core/error.h"
 #include "trainer/config.h"
 #include "trainer/roles/attention_choice.h"
@@ -112,6 +115,29 @@ TEST(AttentionBackwardChoice, DefaultIsTheSplitBackward) {
   EXPECT_EQ(c.backend, Backend::Kernel);
   EXPECT_FALSE(c.fused_backward);
   EXPECT_EQ(c.why.find("fused"), std::string::npos) << c.why;
+}
+
+// With the split backward where the fused one runs, long documents (data.max_seq_len >= kFusedHintSeqLen) get one
+// clause in the header saying that fused is faster there; not at the recipe's 3072, not where fused cannot run.
+TEST(AttentionBackwardChoice, SplitAtLongDocumentsRecommendsFused) {
+  auto split_at = [](int64_t len) {
+    return parse_config("", "test.yaml", {"data.max_seq_len=" + std::to_string(len)});
+  };
+  const auto c = roles::choose_attention(split_at(40000), kH200Fused, 128);
+  EXPECT_FALSE(c.fused_backward);
+  EXPECT_NE(c.why.find(", split backward (drafter.attention_backward=fused runs 40000-token documents faster: "),
+            std::string::npos) << c.why;
+  EXPECT_NE(roles::choose_attention(split_at(roles::kFusedHintSeqLen), kH200Fused, 128).why.find("split backward"),
+            std::string::npos);
+  for (const auto& [len, f, hd] : {std::tuple{roles::kFusedHintSeqLen - 1, kH200Fused, int64_t{128}},
+                                   std::tuple{int64_t{40000}, kH200, int64_t{128}},
+                                   std::tuple{int64_t{40000}, kA100, int64_t{128}},
+                                   std::tuple{int64_t{40000}, kH200Fused, int64_t{64}}}) {
+    const auto w = roles::choose_attention(split_at(len), f, hd).why;
+    EXPECT_EQ(w.find("fused"), std::string::npos) << len << " " << hd << ": " << w;
+  }
+  EXPECT_EQ(roles::choose_attention(parse_config("", "test.yaml", {"data.max_seq_len=40000", "drafter.attention=sdpa"}),
+                                    kH200Fused, 128).why.find("fused"), std::string::npos);
 }
 
 TEST(AttentionBackwardChoice, FusedOnHopperWithItsCodeAndHeadDim128) {

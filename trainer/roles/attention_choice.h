@@ -11,7 +11,8 @@
 // drafter.attention_backward (split | fused) picks the kernel's backward: split (the default, deterministic)
 // or fused (one pass; dQ's last bits vary from run to run), which needs the kernel, an sm_90 GPU with the
 // sm_90a code built in and head_dim 128, else a UserError naming the key and what is missing.
-// `why` is the one line rank 0 prints in the run header ("attention kernel (auto: ...)").
+// `why` is the one line rank 0 prints in the run header ("attention kernel (auto: ...)"). With the split backward
+// where the fused one would run and data.max_seq_len >= kFusedHintSeqLen, it also says that fused is faster there.
 // Thread-safety: choose_attention is a pure function; device_facts queries the device (with
 // probe_fused it makes that device current and puts the previous one back).
 #pragma once
@@ -25,6 +26,10 @@
 #include "trainer/config.h"
 
 namespace dflash::roles {
+
+// From this data.max_seq_len on, a run with the split backward where the fused one runs says so in its header: the
+// fused pass is level with the split at 4 x 3072 and 7% faster per step at 1 x 40000 (bench/RESULTS.md 2026-12-07).
+constexpr int64_t kFusedHintSeqLen = 16384;
 
 struct AttentionChoice {
   attention::Backend backend = attention::Backend::Reference;

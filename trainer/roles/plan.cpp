@@ -97,8 +97,9 @@ RunPlan make_plan(const Config& cfg, const Schedule& schedule, int world_size, i
   p.device = on_gpu ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(gpu)) : at::Device(at::kCPU);
   p.target_dtype = model::resolve_dtype(cfg.target.dtype, p.device, "target.dtype");
   p.drafter_dtype = on_gpu ? at::kBFloat16 : at::kFloat;
-  p.attention = choose_attention(cfg, device_facts(p.device, cfg.drafter.attention_backward == "fused"),
-                                 p.spec.head_dim);
+  // the fused backward's probe: where it is asked for, or where the header would recommend it (long documents)
+  const bool probe_fused = cfg.drafter.attention_backward == "fused" || cfg.data.max_seq_len >= kFusedHintSeqLen;
+  p.attention = choose_attention(cfg, device_facts(p.device, probe_fused), p.spec.head_dim);
   return p;
 }
 
