@@ -557,7 +557,7 @@ void launch_attn_bwd_stage(const AttnParams& params, int stage, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
   AttnParams p = params;
   p.bwd_descend = bwd_descend();
-  // The dK/dV and fused passes divide an item index by G with a multiply (ItemDiv, bwd_item.cuh), exact below 2^32 / G.
+  // The dK/dV and fused passes divide an item index by G with a multiply (ItemDiv, item_div.h), exact below 2^32 / G.
   const int64_t G = p.Hkv > 0 ? p.Hq / p.Hkv : 1;
   if (static_cast<int64_t>(p.meta.nqt) * G * G >= (int64_t{1} << 32))
     throw std::runtime_error("dflash attention kernel: " + std::to_string(p.meta.nqt) + " query tiles x (" +

@@ -119,7 +119,8 @@ __global__ void __launch_bounds__(kFThreads, 1)
     return i;
   };
   auto dq_tile = [&](int i) {  // item i's 64 x 128 fp32 partial in p.dq_accum
-    const int gi = div_g(i), qt = qt0 + qdir * gi, h = hk * G + (i - gi * G);
+    const auto [gi, hi] = div_g.divmod(i);
+    const int qt = qt0 + qdir * gi, h = hk * G + hi;
     return p.dq_accum + (((int64_t)b * p.Hq + h) * nqt + qt) * (kTileQ * D);
   };
 
@@ -129,7 +130,8 @@ __global__ void __launch_bounds__(kFThreads, 1)
   unsigned char* stage_ptr0 = gbase + S::kStage0;
 
   auto load_item = [&](int i, int buf) {
-    const int gi = div_g(i), qt = qt0 + qdir * gi, h = hk * G + (i - gi * G);
+    const auto [gi, hi] = div_g.divmod(i);
+    const int qt = qt0 + qdir * gi, h = hk * G + hi;
     const int m0 = qt * kTileQ;
     const uint32_t st = sStage0 + buf * S::kStageAligned;
     if constexpr (kTma) {

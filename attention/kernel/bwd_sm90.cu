@@ -78,7 +78,8 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dkv_wgmma_kernel(const
   unsigned char* stage_ptr0 = gbase + 2 * S::kTile;
 
   auto load_item = [&](int i, int buf) {
-    const int gi = div_g(i), qt = qt0 + qdir * gi, h = hk * G + (i - gi * G);
+    const auto [gi, hi] = div_g.divmod(i);
+    const int qt = qt0 + qdir * gi, h = hk * G + hi;
     const int m0 = qt * kTileQ;
     const uint32_t st = sStage0 + buf * S::kStageAligned;
     load_tile_w<kTileQ, D, kWgThreads>(st, static_cast<const bf16*>(p.q) + b * p.q_sb + h * p.q_sh, p.q_sr, m0,

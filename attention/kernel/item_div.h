@@ -22,6 +22,13 @@ struct ItemDiv {
   DFLASH_HD int operator()(int i) const {
     return static_cast<int>((static_cast<uint64_t>(static_cast<uint32_t>(i)) * magic) >> 32);
   }
+  struct QuotRem {
+    int q, r;
+  };
+  DFLASH_HD QuotRem divmod(int i) const {  // {i / G, i % G}: item i's query tile offset and head in the group
+    const int q = (*this)(i);
+    return {q, i - q * G};
+  }
 };
 
 }  // namespace dflash::attention::dev

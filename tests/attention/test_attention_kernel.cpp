@@ -642,7 +642,9 @@ TEST(ItemDiv, MatchesDivision) {
     int bad = 0;
     auto check = [&](int64_t i) {
       const int got = div(static_cast<int>(i));
-      if (got != i / G && bad++ < 3) ADD_FAILURE() << "G " << G << " i " << i << ": " << got << ", not " << i / G;
+      const auto [q, r] = div.divmod(static_cast<int>(i));
+      if ((got != i / G || q != got || r != i % G) && bad++ < 3)
+        ADD_FAILURE() << "G " << G << " i " << i << ": " << got << " (" << q << ", " << r << "), not " << i / G;
     };
     for (int64_t i = 0; i < (1 << 20); ++i) check(i);
     for (int64_t i = top - (1 << 16); i <= top; ++i) check(i);
