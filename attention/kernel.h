@@ -147,6 +147,9 @@ int kernel_variant_from_env(const char* name, const int* allowed, int n, int fal
 int64_t ws_launch_count();
 // Launches of the fused backward pass with its Q/dO loads by TMA (tests: it ran, not its cp.async fallback).
 int64_t fused_tma_launch_count();
+// Launches of the split backward's dK/dV pass with its Q/dO loads by TMA (bwd_sm90.cu; tests: it ran, not its
+// cp.async fallback).
+int64_t dkv_tma_launch_count();
 
 }  // namespace dflash::attention
 

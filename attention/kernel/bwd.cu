@@ -24,7 +24,7 @@
 namespace dflash::attention {
 
 bool wgmma_supported();                                   // bwd_sm90.cu
-void launch_dkv_wgmma(const AttnParams& p, void* stream);  // bwd_sm90.cu
+void launch_dkv_wgmma(const AttnParams& p, bool tma, void* stream);  // bwd_sm90.cu
 void launch_bwd_fused(const AttnParams& p, bool tma, void* stream);  // bwd_fused_sm90.cu
 void launch_dq_wgmma(const AttnParams& p, void* stream);   // fwd_sm90.cu
 bool launch_dq_ws(const AttnParams& p, int variant, void* stream);  // ws_sm90.cu
@@ -62,6 +62,14 @@ int dkv_variant() {
 int fused_tma() {
   static constexpr int kAllowed[] = {0, 1};
   return kernel_variant_from_env("DFLASH_ATTN_FUSED_TMA", kAllowed, 2, 1);
+}
+
+// The split dK/dV pass's loads of Q and dO (DFLASH_ATTN_DKV_TMA = 1, the default since 2026-12-07: TMA onto
+// mbarriers where the tensors allow it, else cp.async; 0: cp.async, the A/B and test oracle; bwd_sm90.cu). Read
+// at each launch.
+int dkv_tma() {
+  static constexpr int kAllowed[] = {0, 1};
+  return kernel_variant_from_env("DFLASH_ATTN_DKV_TMA", kAllowed, 2, 1);
 }
 
 // dq = scale * the fused pass's fp32 sum, read back from its fragment order (bwd_fused_sm90.cu): one
@@ -537,7 +545,7 @@ void run_bwd(const AttnParams& p, cudaStream_t s, int stage) {
       launch_bwd_fused(p, fused_tma() == 1, s);
       dq_from_accum_kernel<<<(unsigned)((threads + 255) / 256), 256, 0, s>>>(p);
       DFLASH_CHECK_LAUNCH("attention backward dq from the fused sum");
-    } else if ((var == 3 || var == 7) && wgmma_supported()) launch_dkv_wgmma(p, s);
+    } else if ((var == 3 || var == 7) && wgmma_supported()) launch_dkv_wgmma(p, dkv_tma() == 1, s);
     else if (var == 2) run_dkv<D, 8>(p, s);
     else run_dkv<D, 4>(p, s);
   }

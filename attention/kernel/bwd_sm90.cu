@@ -11,8 +11,10 @@
 // last two (same bytes, different descriptors). Tiles use the 128-byte swizzle (wgmma.cuh).
 // On other architectures the kernel is compiled empty and never launched (launch_attn_bwd checks
 // the device).
+#include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <stdexcept>
 #include <string>
 
@@ -21,8 +23,14 @@
 #include "attention/kernel/common.cuh"
 #include "attention/kernel/wgmma.cuh"
 #include "attention/kernel/bwd_item.cuh"
+#include "attention/kernel/tma.cuh"
 
 namespace dflash::attention {
+
+// ws_sm90.cu: [B, H, rows, D] bf16 as a 4-d TMA map with 64 x 64 boxes in the 128-byte swizzle.
+bool tile_map(CUtensorMap* m, const void* ptr, int64_t B, int64_t H, int64_t rows, int D, int64_t sb, int64_t sh,
+              int64_t sr);
+
 namespace {
 
 using bf16 = __nv_bfloat16;
@@ -36,11 +44,23 @@ struct DkvWgSmem {
   static constexpr int kTile = kTileQ * D * 2;  // Q, dO, K or V tile (64 rows)
   static constexpr int kStage = 2 * kTile + kTileQ * 16 + 2 * kTileQ * 4;
   static constexpr int kStageAligned = (kStage + 1023) / 1024 * 1024;
-  static constexpr int kBytes = 1024 + 2 * kTile + 2 * kStageAligned;  // +1024: base alignment
+  static constexpr int kBar = 2 * kTile + 2 * kStageAligned;           // full[2] (kTma: the Q/dO boxes landed)
+  static constexpr int kBytes = 1024 + kBar + 16;                       // +1024: base alignment
 };
 
-template <int D>
-__global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dkv_wgmma_kernel(const AttnParams p) {
+// kTma (the default where TMA can describe q and dO; DFLASH_ATTN_DKV_TMA, read in bwd.cu): each item's Q and dO
+// tiles by TMA, issued by thread 0 onto a "full" mbarrier per stage buffer, instead of 16 cp.async of 16 bytes per
+// thread with their address arithmetic (item loop 1069 -> 846 SASS instructions at d = 128); the item then starts
+// on that barrier's wait instead of a block barrier, and the row records, LSE and delta (cp.async) are waited at
+// the barrier after S^T, as in the fused pass (bwd_fused_sm90.cu). Same bytes, same products in the same order:
+// dK and dV are bit-identical to the cp.async kernel's (tested). Measured: bench/RESULTS.md 2026-12-07 10:15.
+struct DkvMaps {
+  CUtensorMap q, dout;  // [B, Hq, q_len, D] as 4-d (D, rows, H, B), boxes of 64 x 64 (kTma only)
+};
+
+template <int D, bool kTma>
+__global__ void __launch_bounds__(kWgThreads, 2)
+    attn_bwd_dkv_wgmma_kernel(const AttnParams p, const __grid_constant__ DkvMaps maps) {
 #ifdef DFLASH_WGMMA
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   using S = DkvWgSmem<D>;
@@ -74,7 +94,7 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dkv_wgmma_kernel(const
     return i;
   };
 
-  const uint32_t sK = base, sV = base + S::kTile, sStage0 = base + 2 * S::kTile;
+  const uint32_t sK = base, sV = base + S::kTile, sStage0 = base + 2 * S::kTile, sBar0 = base + S::kBar;
   unsigned char* stage_ptr0 = gbase + 2 * S::kTile;
 
   auto load_item = [&](int i, int buf) {
@@ -82,19 +102,40 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dkv_wgmma_kernel(const
     const int qt = qt0 + qdir * gi, h = hk * G + hi;
     const int m0 = qt * kTileQ;
     const uint32_t st = sStage0 + buf * S::kStageAligned;
-    load_tile_w<kTileQ, D, kWgThreads>(st, static_cast<const bf16*>(p.q) + b * p.q_sb + h * p.q_sh, p.q_sr, m0,
-                           p.q_len, tid);
-    load_tile_w<kTileQ, D, kWgThreads>(st + S::kTile, static_cast<const bf16*>(p.dout) + b * p.do_sb + h * p.do_sh,
-                           p.do_sr, m0, p.q_len, tid);
+    if constexpr (kTma) {
+      if (tid == 0) {
+        const uint32_t full = sBar0 + 8 * buf;
+        mbar_arrive_expect_tx(full, 2 * S::kTile);
+        tma_tile<D>(st, &maps.q, m0, h, b, full);
+        tma_tile<D>(st + S::kTile, &maps.dout, m0, h, b, full);
+      }
+    } else {
+      load_tile_w<kTileQ, D, kWgThreads>(st, static_cast<const bf16*>(p.q) + b * p.q_sb + h * p.q_sh, p.q_sr, m0,
+                             p.q_len, tid);
+      load_tile_w<kTileQ, D, kWgThreads>(st + S::kTile, static_cast<const bf16*>(p.dout) + b * p.do_sb + h * p.do_sh,
+                             p.do_sr, m0, p.q_len, tid);
+    }
     const int64_t lo = ((int64_t)b * p.Hq + h) * p.q_len;
     load_row_stats<kTileQ, kWgThreads>(st + 2 * S::kTile, rows, p.lse, p.delta, lo, m0, p.q_len, tid);
   };
 
+  if constexpr (kTma) {
+    if (tid == 0) {
+      mbar_init(sBar0, 1);  // the loader's expect_tx
+      mbar_init(sBar0 + 8, 1);
+      fence_mbar_init();
+    }
+  }
   load_tile_w<kTileK, D, kWgThreads>(sK, k, p.k_sr, n0, p.kv_len, tid);
   load_tile_w<kTileK, D, kWgThreads>(sV, v, p.v_sr, n0, p.kv_len, tid);
   int item = next_item(0);
   if (item < nitems) load_item(item, 0);
   cp_async_commit();
+  if constexpr (kTma) {  // K, V and the first item's row records in shared memory; the barriers initialised
+    cp_async_wait<0>();
+    fence_proxy_async();
+    __syncthreads();
+  }
 
   const int g = lane >> 2, t4 = lane & 3;
   const int keyA = n0 + warp * 16 + g, keyB = keyA + 8;
@@ -113,6 +154,7 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dkv_wgmma_kernel(const
   // Masking: a warp whose 16 keys lie inside the context range of every row of the query tile
   // (the common case when blocks are sorted by anchor) skips the per-element test.
   int buf = 0;
+  uint32_t phase = 0;  // kTma: parity of full[buf]'s next phase, bit buf
   uint32_t da[4][4];  // dS^T(i-1): A operand of dK(i-1), in flight into item i
   while (item < nitems) {
     // The next item's query-tile record is loaded here and tested after this item's S^T and dP^T
@@ -120,9 +162,14 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dkv_wgmma_kernel(const
     // the pass's stall samples on one instruction).
     const int cand = item + 1;
     const int4 tq_cand = cand < nitems ? qtiles[qt_of(cand)] : make_int4(0, 0, 0, 0);
-    cp_async_wait<0>();
-    fence_proxy_async();
-    __syncthreads();
+    if constexpr (kTma) {
+      mbar_wait(sBar0 + 8 * buf, (phase >> buf) & 1);  // Q, dO of this item have landed
+      phase ^= 1u << buf;
+    } else {
+      cp_async_wait<0>();
+      fence_proxy_async();
+      __syncthreads();
+    }
     const uint32_t sQ = sStage0 + buf * S::kStageAligned, sdO = sQ + S::kTile;
     const unsigned char* stp = stage_ptr0 + buf * S::kStageAligned + 2 * S::kTile;
     const int4* sRows = reinterpret_cast<const int4*>(stp);
@@ -135,6 +182,7 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dkv_wgmma_kernel(const
     reg_fence(st);
     reg_fence(dk);
     reg_fence_a(da);
+    if constexpr (kTma) cp_async_wait<0>();  // this item's row records, LSE, delta
     __syncthreads();  // every warp is past dK(i-1): item i-1's buffer may be refilled
     const int nxt = cand >= nitems ? nitems : valid_tq(tq_cand) ? cand : next_item(cand + 1);
     if (nxt < nitems) load_item(nxt, buf ^ 1);
@@ -187,12 +235,19 @@ __global__ void __launch_bounds__(kWgThreads, 2) attn_bwd_dkv_wgmma_kernel(const
 #endif
 }
 
+std::atomic<int64_t> g_dkv_tma_launches{0};
+
 template <int D>
-void run(const AttnParams& p, cudaStream_t s) {
+void run(const AttnParams& p, bool tma, cudaStream_t s) {
   constexpr int smem = DkvWgSmem<D>::kBytes;
-  cudaFuncSetAttribute(attn_bwd_dkv_wgmma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  attn_bwd_dkv_wgmma_kernel<D><<<dim3(p.meta.nkt, p.Hkv, p.B), kWgThreads, smem, s>>>(p);
-  DFLASH_CHECK_LAUNCH("attention backward dkv (wgmma)");
+  DkvMaps maps{};
+  tma = tma && tile_map(&maps.q, p.q, p.B, p.Hq, p.q_len, p.d, p.q_sb, p.q_sh, p.q_sr) &&
+                   tile_map(&maps.dout, p.dout, p.B, p.Hq, p.q_len, p.d, p.do_sb, p.do_sh, p.do_sr);
+  auto kern = tma ? attn_bwd_dkv_wgmma_kernel<D, true> : attn_bwd_dkv_wgmma_kernel<D, false>;
+  cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  kern<<<dim3(p.meta.nkt, p.Hkv, p.B), kWgThreads, smem, s>>>(p, maps);
+  DFLASH_CHECK_LAUNCH(tma ? "attention backward dkv (wgmma, TMA loads)" : "attention backward dkv (wgmma)");
+  if (tma) g_dkv_tma_launches.fetch_add(1, std::memory_order_relaxed);
 }
 
 }  // namespace
@@ -228,10 +283,12 @@ bool wgmma_supported() {
   return ok;
 }
 
-void launch_dkv_wgmma(const AttnParams& p, void* stream) {
+void launch_dkv_wgmma(const AttnParams& p, bool tma, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
-  if (p.d == 128) run<128>(p, s);
-  else run<64>(p, s);
+  if (p.d == 128) run<128>(p, tma, s);
+  else run<64>(p, tma, s);
 }
+
+int64_t dkv_tma_launch_count() { return g_dkv_tma_launches.load(std::memory_order_relaxed); }
 
 }  // namespace dflash::attention

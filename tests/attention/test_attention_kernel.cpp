@@ -525,6 +525,42 @@ TEST(KernelFusedBackward, EqualsSplitBackward) {
 #endif
 }
 
+// The split backward's dK/dV pass with Q and dO loaded by TMA (DFLASH_ATTN_DKV_TMA=1, the default on Hopper) against
+// its cp.async kernel (=0): the same bytes in shared memory and the same products in the same order, so every output
+// is bit-identical (a box landing in the wrong stage buffer, a missed wait or a wrong out-of-range fill changes dK/dV
+// far beyond rounding). Cases: GQA with query lengths that are not multiples of 64 (the last tile's rows out of range:
+// TMA fills zeros, cp.async zero-fills), packed documents, unsorted anchors, a row that sees no key, d = 64 (one box
+// per tile) and d = 128 (two). On Hopper the TMA kernel must have run (its launch counter), elsewhere neither.
+TEST(KernelSplitBackward, TmaLoadsEqualCpAsyncBitwise) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device or kernel not built";
+#if DFLASH_ATTENTION_KERNEL
+  const bool hopper = attention::fused_backward_available(128);
+  for (const Case& c : {Case{"d128_gqa", 2, 8, 2, 40, 16, 700, 128, 2, true, 0.1, false},
+                        Case{"packed_docs", 1, 4, 1, 24, 16, 300, 128, 3, true, 0.1, false},
+                        Case{"unsorted", 2, 4, 2, 20, 16, 333, 128, 1, false, 0.1, false},
+                        Case{"dropped_row", 2, 4, 2, 9, 16, 130, 128, 1, true, 0.0, true},
+                        Case{"d64", 1, 4, 2, 23, 16, 333, 64, 1, false, 0.1, false},
+                        Case{"odd_d64", 2, 3, 3, 7, 10, 77, 64, 1, true, 0.2, false}}) {
+    auto [q, k, v, dout, prep] = gpu_case(c, 61 + c.d, 67 + c.d);
+    auto run = [&](const char* tma, at::Tensor* lse) {
+      const ScopedEnv e("DFLASH_ATTN_DKV_VARIANT", "3"), t("DFLASH_ATTN_DKV_TMA", tma);
+      return kernel_raw(q, k, v, prep.kernel_meta, dout, lse);
+    };
+    at::Tensor l0, l1;
+    const int64_t before = dkv_tma_launch_count();
+    const Grads g0 = run("0", &l0);
+    EXPECT_EQ(dkv_tma_launch_count(), before) << c.name << ": DFLASH_ATTN_DKV_TMA=0 ran the TMA kernel";
+    const Grads g1 = run("1", &l1);
+    EXPECT_EQ(dkv_tma_launch_count() - before, hopper ? 1 : 0) << c.name << ": the TMA kernel ran (Hopper only)";
+    const std::string what = std::string("dK/dV pass by TMA ") + c.name;
+    ASSERT_FALSE(has_nan(g1.dk) || has_nan(g1.dv)) << what << ": NaN (or unwritten element)";
+    EXPECT_TRUE(at::equal(g1.dk, g0.dk)) << what << ": dK, max diff " << max_abs(g1.dk, g0.dk.to(at::kFloat));
+    EXPECT_TRUE(at::equal(g1.dv, g0.dv)) << what << ": dV, max diff " << max_abs(g1.dv, g0.dv.to(at::kFloat));
+    EXPECT_TRUE(at::equal(g1.dq, g0.dq) && at::equal(g1.o, g0.o) && at::equal(l1, l0)) << what << ": dQ / forward";
+  }
+#endif
+}
+
 // attention::set_fused_backward (drafter.attention_backward=fused in a run) makes the fused backward the
 // process's default where it runs (Hopper, d = 128), the split one elsewhere; DFLASH_ATTN_DKV_VARIANT,
 // when set, still decides. Which backward ran shows in dQ: the fused pass sums it in another order (in
