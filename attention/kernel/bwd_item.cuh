@@ -6,11 +6,38 @@
 
 #include <cuda_bf16.h>
 
+#include "attention/kernel.h"
 #include "attention/kernel/common.cuh"
 #include "attention/kernel/item_div.h"
+#include "attention/kernel/tma.cuh"
 #include "attention/kernel/wgmma.cuh"
 
 namespace dflash::attention::dev {
+
+// One item's loads into stage buffer st: the Q and dO tiles of query head h, rows [m0, m0 + 64) of batch row b
+// (at st and st + 64 D 2), then the row records, LSE and delta (at st + 2 tiles). kTma: thread 0 issues the two
+// tiles as TMA loads onto mbarrier `full` (its expect_tx, the tiles' bytes), the row data goes by cp.async; else all
+// NT threads load everything by cp.async. The caller commits the cp.async group.
+template <int D, int NT, bool kTma>
+__device__ __forceinline__ void bwd_load_item(const AttnParams& p, const CUtensorMap* mq, const CUtensorMap* mdo,
+                                              const int4* rows, uint32_t st, uint32_t full, int b, int h, int m0,
+                                              int tid) {
+  constexpr int kTile = kTileQ * D * 2;
+  if constexpr (kTma) {
+    if (tid == 0) {
+      mbar_arrive_expect_tx(full, 2 * kTile);
+      tma_tile<D>(st, mq, m0, h, b, full);
+      tma_tile<D>(st + kTile, mdo, m0, h, b, full);
+    }
+  } else {
+    load_tile_w<kTileQ, D, NT>(st, static_cast<const __nv_bfloat16*>(p.q) + b * p.q_sb + h * p.q_sh, p.q_sr, m0,
+                               p.q_len, tid);
+    load_tile_w<kTileQ, D, NT>(st + kTile, static_cast<const __nv_bfloat16*>(p.dout) + b * p.do_sb + h * p.do_sh,
+                               p.do_sr, m0, p.q_len, tid);
+  }
+  const int64_t lo = ((int64_t)b * p.Hq + h) * p.q_len;
+  load_row_stats<kTileQ, NT>(st + 2 * kTile, rows, p.lse, p.delta, lo, m0, p.q_len, tid);
+}
 
 // dS^T (the A fragments da: keys 16 warp + g (+8), query rows 16 kk + 2 t4 (+8)) -> the swizzled [64][64] bf16
 // tile at sDs by 4-byte stores; 8 rows x 4 words per instruction hit 32 distinct banks.

@@ -99,24 +99,8 @@ __global__ void __launch_bounds__(kWgThreads, 2)
 
   auto load_item = [&](int i, int buf) {
     const auto [gi, hi] = div_g.divmod(i);
-    const int qt = qt0 + qdir * gi, h = hk * G + hi;
-    const int m0 = qt * kTileQ;
-    const uint32_t st = sStage0 + buf * S::kStageAligned;
-    if constexpr (kTma) {
-      if (tid == 0) {
-        const uint32_t full = sBar0 + 8 * buf;
-        mbar_arrive_expect_tx(full, 2 * S::kTile);
-        tma_tile<D>(st, &maps.q, m0, h, b, full);
-        tma_tile<D>(st + S::kTile, &maps.dout, m0, h, b, full);
-      }
-    } else {
-      load_tile_w<kTileQ, D, kWgThreads>(st, static_cast<const bf16*>(p.q) + b * p.q_sb + h * p.q_sh, p.q_sr, m0,
-                             p.q_len, tid);
-      load_tile_w<kTileQ, D, kWgThreads>(st + S::kTile, static_cast<const bf16*>(p.dout) + b * p.do_sb + h * p.do_sh,
-                             p.do_sr, m0, p.q_len, tid);
-    }
-    const int64_t lo = ((int64_t)b * p.Hq + h) * p.q_len;
-    load_row_stats<kTileQ, kWgThreads>(st + 2 * S::kTile, rows, p.lse, p.delta, lo, m0, p.q_len, tid);
+    bwd_load_item<D, kWgThreads, kTma>(p, &maps.q, &maps.dout, rows, sStage0 + buf * S::kStageAligned, sBar0 + 8 * buf,
+                                       b, hk * G + hi, (qt0 + qdir * gi) * kTileQ, tid);
   };
 
   if constexpr (kTma) {

@@ -462,6 +462,16 @@ TEST(KernelForward128Keys, EqualsVariant7UpToRounding) {
 #endif
 }
 
+// The backward-pass cases of KernelFusedBackward and KernelSplitBackward: GQA with an odd number of key tiles (the
+// fused pass's last CTA has a warpgroup without keys), one head per KV head, packed documents, unsorted anchors, query
+// tiles that see no key, query lengths off the 64-row grid (160, 144, 368), d = 64 and d = 128.
+const Case kBackwardPassCases[] = {Case{"d128_gqa", 2, 8, 2, 40, 16, 700, 128, 2, true, 0.1, false},
+                                   Case{"mha", 1, 3, 3, 10, 16, 150, 128, 1, true, 0.1, false},
+                                   Case{"packed_docs", 1, 4, 1, 24, 16, 300, 128, 3, true, 0.1, false},
+                                   Case{"unsorted", 2, 4, 2, 20, 16, 333, 128, 1, false, 0.1, false},
+                                   Case{"dropped_row", 2, 4, 2, 9, 16, 130, 128, 1, true, 0.0, true},
+                                   Case{"d64", 1, 4, 2, 23, 16, 333, 64, 1, false, 0.1, false}};
+
 // The fused backward (dK/dV variant 7, kernel/bwd_fused_sm90.cu: 128 keys per CTA, dQ partials added
 // with TMA bulk reduce-adds) against the split one (3, with the default dQ pass): the same per-item
 // products, so dK and dV must be bit-identical (items of the CTA's other key tile add exact zeros).
@@ -480,12 +490,7 @@ TEST(KernelForward128Keys, EqualsVariant7UpToRounding) {
 TEST(KernelFusedBackward, EqualsSplitBackward) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device or kernel not built";
 #if DFLASH_ATTENTION_KERNEL
-  for (const Case& c : {Case{"d128_gqa", 2, 8, 2, 40, 16, 700, 128, 2, true, 0.1, false},
-                        Case{"mha", 1, 3, 3, 10, 16, 150, 128, 1, true, 0.1, false},
-                        Case{"packed_docs", 1, 4, 1, 24, 16, 300, 128, 3, true, 0.1, false},
-                        Case{"unsorted", 2, 4, 2, 20, 16, 333, 128, 1, false, 0.1, false},
-                        Case{"dropped_row", 2, 4, 2, 9, 16, 130, 128, 1, true, 0.0, true},
-                        Case{"d64", 1, 4, 2, 23, 16, 333, 64, 1, false, 0.1, false}}) {
+  for (const Case& c : kBackwardPassCases) {
     auto [q, k, v, dout, prep] = gpu_case(c, 41 + c.d, 43 + c.d);
     auto run = [&](const char* dkv, const char* tma, at::Tensor* lse, bool* fused) {
       const ScopedEnv e("DFLASH_ATTN_DKV_VARIANT", dkv), t("DFLASH_ATTN_FUSED_TMA", tma);
@@ -528,19 +533,14 @@ TEST(KernelFusedBackward, EqualsSplitBackward) {
 // The split backward's dK/dV pass with Q and dO loaded by TMA (DFLASH_ATTN_DKV_TMA=1, the default on Hopper) against
 // its cp.async kernel (=0): the same bytes in shared memory and the same products in the same order, so every output
 // is bit-identical (a box landing in the wrong stage buffer, a missed wait or a wrong out-of-range fill changes dK/dV
-// far beyond rounding). Cases: GQA with query lengths that are not multiples of 64 (the last tile's rows out of range:
-// TMA fills zeros, cp.async zero-fills), packed documents, unsorted anchors, a row that sees no key, d = 64 (one box
-// per tile) and d = 128 (two). On Hopper the TMA kernel must have run (its launch counter), elsewhere neither.
+// far beyond rounding). Cases: kBackwardPassCases (query lengths off the 64-row grid: the last tile's rows out of range,
+// TMA fills zeros, cp.async zero-fills; d = 64: one box per tile, d = 128: two). On Hopper the TMA kernel must have
+// run (its launch counter), elsewhere neither.
 TEST(KernelSplitBackward, TmaLoadsEqualCpAsyncBitwise) {
   if (!have_gpu()) GTEST_SKIP() << "no CUDA device or kernel not built";
 #if DFLASH_ATTENTION_KERNEL
   const bool hopper = attention::fused_backward_available(128);
-  for (const Case& c : {Case{"d128_gqa", 2, 8, 2, 40, 16, 700, 128, 2, true, 0.1, false},
-                        Case{"packed_docs", 1, 4, 1, 24, 16, 300, 128, 3, true, 0.1, false},
-                        Case{"unsorted", 2, 4, 2, 20, 16, 333, 128, 1, false, 0.1, false},
-                        Case{"dropped_row", 2, 4, 2, 9, 16, 130, 128, 1, true, 0.0, true},
-                        Case{"d64", 1, 4, 2, 23, 16, 333, 64, 1, false, 0.1, false},
-                        Case{"odd_d64", 2, 3, 3, 7, 10, 77, 64, 1, true, 0.2, false}}) {
+  for (const Case& c : kBackwardPassCases) {
     auto [q, k, v, dout, prep] = gpu_case(c, 61 + c.d, 67 + c.d);
     auto run = [&](const char* tma, at::Tensor* lse) {
       const ScopedEnv e("DFLASH_ATTN_DKV_VARIANT", "3"), t("DFLASH_ATTN_DKV_TMA", tma);
