@@ -135,13 +135,7 @@ __global__ void __launch_bounds__(kFThreads, 1)
                                       b, hk * G + hi, (qt0 + qdir * gi) * kTileQ, tid);
   };
 
-  if constexpr (kTma) {
-    if (tid == 0) {
-      mbar_init(sBar0, 1);  // the loader's expect_tx
-      mbar_init(sBar0 + 8, 1);
-      fence_mbar_init();
-    }
-  }
+  bwd_init_full_bars<kTma>(sBar0, tid);
   load_tile_w<kTileK, D, 128>(sK, k, p.k_sr, nw, p.kv_len, wt);
   load_tile_w<kTileK, D, 128>(sV, v, p.v_sr, nw, p.kv_len, wt);
   int item = next_item(0);

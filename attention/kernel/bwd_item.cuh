@@ -14,6 +14,19 @@
 
 namespace dflash::attention::dev {
 
+// kTma: thread 0 initialises the two stage buffers' "full" mbarriers at bar and bar + 8 (one arrival each: the
+// loader's expect_tx); a block barrier must follow before any thread waits on them.
+template <bool kTma>
+__device__ __forceinline__ void bwd_init_full_bars(uint32_t bar, int tid) {
+  if constexpr (kTma) {
+    if (tid == 0) {
+      mbar_init(bar, 1);
+      mbar_init(bar + 8, 1);
+      fence_mbar_init();
+    }
+  }
+}
+
 // One item's loads into stage buffer st: the Q and dO tiles of query head h, rows [m0, m0 + 64) of batch row b
 // (at st and st + 64 D 2), then the row records, LSE and delta (at st + 2 tiles). kTma: thread 0 issues the two
 // tiles as TMA loads onto mbarrier `full` (its expect_tx, the tiles' bytes), the row data goes by cp.async; else all

@@ -103,13 +103,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
                                        b, hk * G + hi, (qt0 + qdir * gi) * kTileQ, tid);
   };
 
-  if constexpr (kTma) {
-    if (tid == 0) {
-      mbar_init(sBar0, 1);  // the loader's expect_tx
-      mbar_init(sBar0 + 8, 1);
-      fence_mbar_init();
-    }
-  }
+  bwd_init_full_bars<kTma>(sBar0, tid);
   load_tile_w<kTileK, D, kWgThreads>(sK, k, p.k_sr, n0, p.kv_len, tid);
   load_tile_w<kTileK, D, kWgThreads>(sV, v, p.v_sr, n0, p.kv_len, tid);
   int item = next_item(0);
