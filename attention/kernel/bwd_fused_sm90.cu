@@ -38,11 +38,6 @@
 
 namespace dflash::attention {
 
-// ws_sm90.cu: [B, H, rows, D] bf16 as a 4-d TMA map with 64 x 64 boxes in the 128-byte swizzle; false
-// where TMA cannot describe the tensor.
-bool tile_map(CUtensorMap* m, const void* ptr, int64_t B, int64_t H, int64_t rows, int D, int64_t sb, int64_t sh,
-              int64_t sr);
-
 namespace {
 
 using bf16 = __nv_bfloat16;
@@ -72,13 +67,9 @@ static_assert(FusedSmem::kK == 0 && FusedSmem::kV == 2 * FusedSmem::kTile, "fuse
   asm volatile("cp.async.bulk.commit_group;" ::: "memory");
 }
 
-struct FusedMaps {
-  CUtensorMap q, dout;  // [B, Hq, q_len, D] as 4-d (D, rows, H, B), boxes of 64 x 64 (kTma only)
-};
-
 template <bool kTma>
 __global__ void __launch_bounds__(kFThreads, 1)
-    attn_bwd_fused_kernel(const AttnParams p, const __grid_constant__ FusedMaps maps) {
+    attn_bwd_fused_kernel(const AttnParams p, const __grid_constant__ QdoMaps maps) {
 #ifdef DFLASH_WGMMA
   constexpr int D = kFD;
   using S = FusedSmem;
@@ -131,7 +122,7 @@ __global__ void __launch_bounds__(kFThreads, 1)
 
   auto load_item = [&](int i, int buf) {
     const auto [gi, hi] = div_g.divmod(i);
-    bwd_load_item<D, kFThreads, kTma>(p, &maps.q, &maps.dout, rows, sStage0 + buf * S::kStageAligned, sBar0 + 8 * buf,
+    bwd_load_item<D, kFThreads, kTma>(p, maps, rows, sStage0 + buf * S::kStageAligned, sBar0 + 8 * buf,
                                       b, hk * G + hi, (qt0 + qdir * gi) * kTileQ, tid);
   };
 
@@ -285,9 +276,8 @@ std::atomic<int64_t> g_fused_tma_launches{0};
 // tma: load Q and dO by TMA where the tensors allow it (DFLASH_ATTN_FUSED_TMA, read in bwd.cu).
 void launch_bwd_fused(const AttnParams& p, bool tma, void* stream) {
   constexpr int smem = FusedSmem::kBytes;
-  FusedMaps maps{};
-  tma = tma && tile_map(&maps.q, p.q, p.B, p.Hq, p.q_len, p.d, p.q_sb, p.q_sh, p.q_sr) &&
-        tile_map(&maps.dout, p.dout, p.B, p.Hq, p.q_len, p.d, p.do_sb, p.do_sh, p.do_sr);
+  QdoMaps maps{};
+  tma = tma && qdo_maps(p, &maps);
   auto kern = tma ? attn_bwd_fused_kernel<true> : attn_bwd_fused_kernel<false>;
   cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   kern<<<dim3((p.meta.nkt + 1) / 2, p.Hkv, p.B), kFThreads, smem, static_cast<cudaStream_t>(stream)>>>(p, maps);

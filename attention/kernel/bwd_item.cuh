@@ -32,15 +32,14 @@ __device__ __forceinline__ void bwd_init_full_bars(uint32_t bar, int tid) {
 // tiles as TMA loads onto mbarrier `full` (its expect_tx, the tiles' bytes), the row data goes by cp.async; else all
 // NT threads load everything by cp.async. The caller commits the cp.async group.
 template <int D, int NT, bool kTma>
-__device__ __forceinline__ void bwd_load_item(const AttnParams& p, const CUtensorMap* mq, const CUtensorMap* mdo,
-                                              const int4* rows, uint32_t st, uint32_t full, int b, int h, int m0,
-                                              int tid) {
+__device__ __forceinline__ void bwd_load_item(const AttnParams& p, const QdoMaps& maps, const int4* rows, uint32_t st,
+                                              uint32_t full, int b, int h, int m0, int tid) {
   constexpr int kTile = kTileQ * D * 2;
   if constexpr (kTma) {
     if (tid == 0) {
       mbar_arrive_expect_tx(full, 2 * kTile);
-      tma_tile<D>(st, mq, m0, h, b, full);
-      tma_tile<D>(st + kTile, mdo, m0, h, b, full);
+      tma_tile<D>(st, &maps.q, m0, h, b, full);
+      tma_tile<D>(st + kTile, &maps.dout, m0, h, b, full);
     }
   } else {
     load_tile_w<kTileQ, D, NT>(st, static_cast<const __nv_bfloat16*>(p.q) + b * p.q_sb + h * p.q_sh, p.q_sr, m0,

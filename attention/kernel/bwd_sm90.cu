@@ -26,11 +26,6 @@
 #include "attention/kernel/tma.cuh"
 
 namespace dflash::attention {
-
-// ws_sm90.cu: [B, H, rows, D] bf16 as a 4-d TMA map with 64 x 64 boxes in the 128-byte swizzle.
-bool tile_map(CUtensorMap* m, const void* ptr, int64_t B, int64_t H, int64_t rows, int D, int64_t sb, int64_t sh,
-              int64_t sr);
-
 namespace {
 
 using bf16 = __nv_bfloat16;
@@ -54,13 +49,10 @@ struct DkvWgSmem {
 // on that barrier's wait instead of a block barrier, and the row records, LSE and delta (cp.async) are waited at
 // the barrier after S^T, as in the fused pass (bwd_fused_sm90.cu). Same bytes, same products in the same order:
 // dK and dV are bit-identical to the cp.async kernel's (tested). Measured: bench/RESULTS.md 2026-12-07 10:15.
-struct DkvMaps {
-  CUtensorMap q, dout;  // [B, Hq, q_len, D] as 4-d (D, rows, H, B), boxes of 64 x 64 (kTma only)
-};
 
 template <int D, bool kTma>
 __global__ void __launch_bounds__(kWgThreads, 2)
-    attn_bwd_dkv_wgmma_kernel(const AttnParams p, const __grid_constant__ DkvMaps maps) {
+    attn_bwd_dkv_wgmma_kernel(const AttnParams p, const __grid_constant__ QdoMaps maps) {
 #ifdef DFLASH_WGMMA
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   using S = DkvWgSmem<D>;
@@ -99,7 +91,7 @@ __global__ void __launch_bounds__(kWgThreads, 2)
 
   auto load_item = [&](int i, int buf) {
     const auto [gi, hi] = div_g.divmod(i);
-    bwd_load_item<D, kWgThreads, kTma>(p, &maps.q, &maps.dout, rows, sStage0 + buf * S::kStageAligned, sBar0 + 8 * buf,
+    bwd_load_item<D, kWgThreads, kTma>(p, maps, rows, sStage0 + buf * S::kStageAligned, sBar0 + 8 * buf,
                                        b, hk * G + hi, (qt0 + qdir * gi) * kTileQ, tid);
   };
 
@@ -218,9 +210,8 @@ std::atomic<int64_t> g_dkv_tma_launches{0};
 template <int D>
 void run(const AttnParams& p, bool tma, cudaStream_t s) {
   constexpr int smem = DkvWgSmem<D>::kBytes;
-  DkvMaps maps{};
-  tma = tma && tile_map(&maps.q, p.q, p.B, p.Hq, p.q_len, p.d, p.q_sb, p.q_sh, p.q_sr) &&
-                   tile_map(&maps.dout, p.dout, p.B, p.Hq, p.q_len, p.d, p.do_sb, p.do_sh, p.do_sr);
+  QdoMaps maps{};
+  tma = tma && qdo_maps(p, &maps);
   auto kern = tma ? attn_bwd_dkv_wgmma_kernel<D, true> : attn_bwd_dkv_wgmma_kernel<D, false>;
   cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   kern<<<dim3(p.meta.nkt, p.Hkv, p.B), kWgThreads, smem, s>>>(p, maps);

@@ -11,7 +11,25 @@
 
 #include <cstdint>
 
+#include "attention/kernel.h"
 #include "attention/kernel/wgmma.cuh"
+
+namespace dflash::attention {
+
+// ws_sm90.cu: [B, H, rows, D] bf16 with element strides (sb, sh, sr) as a 4-d TMA map (D, rows, H, B) with 64 x 64
+// boxes in the 128-byte swizzle; false where TMA cannot describe the tensor.
+bool tile_map(CUtensorMap* m, const void* ptr, int64_t B, int64_t H, int64_t rows, int D, int64_t sb, int64_t sh,
+              int64_t sr);
+
+// A backward pass's Q and dO tiles by TMA (the split dK/dV pass, bwd_sm90.cu, and the fused pass, bwd_fused_sm90.cu).
+struct QdoMaps {
+  CUtensorMap q, dout;  // [B, Hq, q_len, D] as tile_map's 4-d maps
+};
+// Both maps of p's q and dout (ws_sm90.cu); false where TMA cannot describe either (the caller then runs its
+// cp.async kernel).
+bool qdo_maps(const AttnParams& p, QdoMaps* maps);
+
+}  // namespace dflash::attention
 
 namespace dflash::attention::dev {
 

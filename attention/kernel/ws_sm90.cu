@@ -444,7 +444,7 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_tiled() {
 
 // [B, H, rows, D] bf16 with element strides (sb, sh, sr) as the 4-d map (D, rows, H, B), boxes of
 // 64 columns x 64 rows in the 128-byte swizzle; false where TMA cannot describe the tensor (the
-// caller then runs a kernel without TMA). Also used by bwd_fused_sm90.cu.
+// caller then runs a kernel without TMA). Declared in tma.cuh.
 bool tile_map(CUtensorMap* m, const void* ptr, int64_t B, int64_t H, int64_t rows, int D, int64_t sb, int64_t sh,
               int64_t sr) {
   auto ok16 = [](int64_t elems) { return elems > 0 && (elems * 2) % 16 == 0; };
@@ -460,6 +460,11 @@ bool tile_map(CUtensorMap* m, const void* ptr, int64_t B, int64_t H, int64_t row
   return enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void*>(ptr), dims, strides, box, estr,
              CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
              CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+bool qdo_maps(const AttnParams& p, QdoMaps* maps) {
+  return tile_map(&maps->q, p.q, p.B, p.Hq, p.q_len, p.d, p.q_sb, p.q_sh, p.q_sr) &&
+         tile_map(&maps->dout, p.dout, p.B, p.Hq, p.q_len, p.d, p.do_sb, p.do_sh, p.do_sr);
 }
 
 namespace {
