@@ -71,6 +71,11 @@ struct AttnParams {
   // fp32, dq_accum_numel() elements: needed (and zeroed by the backward) only when
   // backward_accumulates_dq(d); the fused backward adds dQ into it (layout: kernel/bwd_fused_sm90.cu).
   float* dq_accum = nullptr;
+  // The fused backward's fixed-point dQ (DFLASH_ATTN_FUSED_DET=1; kernel/bwd_fused_sm90.cu): a power-of-two scale
+  // per query row ([B, Hq, q_len], in dq_accum after the sum) and max |K| and max ||V_k|| (two floats after those).
+  // launch_attn_bwd sets them; null: the fp32 sum.
+  float* dq_row_scale = nullptr;
+  float* kv_max = nullptr;
   int64_t q_sb = 0, q_sh = 0, q_sr = 0;
   int64_t k_sb = 0, k_sh = 0, k_sr = 0;
   int64_t v_sb = 0, v_sh = 0, v_sr = 0;

@@ -13,6 +13,7 @@
 // with TMA bulk reduce-adds (5 matmuls per visible pair), then dQ = scale * buffer in bf16.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <stdexcept>
 #include <string>
@@ -25,7 +26,7 @@ namespace dflash::attention {
 
 bool wgmma_supported();                                   // bwd_sm90.cu
 void launch_dkv_wgmma(const AttnParams& p, bool tma, void* stream);  // bwd_sm90.cu
-void launch_bwd_fused(const AttnParams& p, bool tma, void* stream);  // bwd_fused_sm90.cu
+void launch_bwd_fused(const AttnParams& p, bool tma, void* stream);  // bwd_fused_sm90.cu (fixed point: p.dq_row_scale)
 void launch_dq_wgmma(const AttnParams& p, void* stream);   // fwd_sm90.cu
 bool launch_dq_ws(const AttnParams& p, int variant, void* stream);  // ws_sm90.cu
 
@@ -64,6 +65,14 @@ int fused_tma() {
   return kernel_variant_from_env("DFLASH_ATTN_FUSED_TMA", kAllowed, 2, 1);
 }
 
+// The fused pass's dQ sum (DFLASH_ATTN_FUSED_DET = 1, the default: int32 fixed point with a power-of-two scale per
+// query row, dQ the same bits in every run; 0: fp32 bulk adds in the order the CTAs reach them, the first version,
+// dQ's last bits vary from run to run; bwd_fused_sm90.cu). Read at each launch.
+int fused_det() {
+  static constexpr int kAllowed[] = {0, 1};
+  return kernel_variant_from_env("DFLASH_ATTN_FUSED_DET", kAllowed, 2, 1);
+}
+
 // The split dK/dV pass's loads of Q and dO (DFLASH_ATTN_DKV_TMA = 1, the default since 2026-12-07: TMA onto
 // mbarriers where the tensors allow it, else cp.async; 0: cp.async, the A/B and test oracle; bwd_sm90.cu). Read
 // at each launch.
@@ -72,8 +81,9 @@ int dkv_tma() {
   return kernel_variant_from_env("DFLASH_ATTN_DKV_TMA", kAllowed, 2, 1);
 }
 
-// dq = scale * the fused pass's fp32 sum, read back from its fragment order (bwd_fused_sm90.cu): one
-// thread per 8 columns of a row, four float2 of one fragment column group.
+// dq = scale * the fused pass's sum, read back from its fragment order (bwd_fused_sm90.cu): one thread per 8
+// columns of a row, four float2 of one fragment column group. Fixed point (p.dq_row_scale): the int32 sum over the
+// row's power-of-two scale.
 __global__ void dq_from_accum_kernel(const AttnParams p) {
   constexpr int D = 128, L = D / 8;
   const int64_t gid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -85,14 +95,25 @@ __global__ void dq_from_accum_kernel(const AttnParams p) {
   const int b = (int)(bh / p.Hq), h = (int)(bh % p.Hq);
   const int qt = r / kTileQ, rr = r % kTileQ;
   const int t0 = (rr / 16) * 32 + (rr % 8) * 4;  // thread of t4 = 0 in its warpgroup
-  const float* tile = p.dq_accum + (bh * p.meta.nqt + qt) * (kTileQ * D);
-  const float* f = tile + (c8 * 128 + t0) * 4 + ((rr % 16) / 8) * 2;
+  const int64_t at = (bh * p.meta.nqt + qt) * (kTileQ * D) + (c8 * 128 + t0) * 4 + ((rr % 16) / 8) * 2;
   float v[8];
+  if (p.dq_row_scale != nullptr) {
+    const float inv = 1.f / p.dq_row_scale[row];  // a power of two: exact
+    const int* f = reinterpret_cast<const int*>(p.dq_accum) + at;
 #pragma unroll
-  for (int t4 = 0; t4 < 4; ++t4) {
-    const float2 x = *reinterpret_cast<const float2*>(f + t4 * 4);
-    v[2 * t4] = x.x;
-    v[2 * t4 + 1] = x.y;
+    for (int t4 = 0; t4 < 4; ++t4) {
+      const int2 x = *reinterpret_cast<const int2*>(f + t4 * 4);
+      v[2 * t4] = (float)x.x * inv;
+      v[2 * t4 + 1] = (float)x.y * inv;
+    }
+  } else {
+    const float* f = p.dq_accum + at;
+#pragma unroll
+    for (int t4 = 0; t4 < 4; ++t4) {
+      const float2 x = *reinterpret_cast<const float2*>(f + t4 * 4);
+      v[2 * t4] = x.x;
+      v[2 * t4 + 1] = x.y;
+    }
   }
   const float sc = p.scale;
   uint4 out;
@@ -105,6 +126,19 @@ __global__ void dq_from_accum_kernel(const AttnParams p) {
 
 
 // ---- 1. delta ------------------------------------------------------------------------------
+// The fused pass's fixed-point scale of a query row (bwd_fused_sm90.cu): the largest power of two s with
+// s * bound < 2^30, bound = 2.5 ||dO_i|| max_k ||V_k|| max |K| >= sum_k |dS_ik| |K_kj| for every column j (dS_ik =
+// P_ik (dP_ik - delta_i), |dP_ik| <= ||dO_i|| ||V_k||, |delta_i| <= ||dO_i|| ||O_i|| <= ||dO_i|| max ||V_k||,
+// sum_k P_ik = 1; 2.5 instead of 2 covers the bf16 roundings of P and dS), so no partial sum leaves int32. A row
+// whose bound is 0 has dS = 0 (scale 1); a NaN bound gives scale 1 (the NaN then shows in dK/dV, not in dQ).
+__device__ __forceinline__ float fixed_point_scale(float norm_do, float max_k, float max_v) {
+  const float bound = 2.5f * norm_do * max_v * max_k;
+  if (!(bound > 0.f) || !isfinite(bound)) return 1.f;
+  int e;
+  frexpf(bound, &e);  // bound < 2^e
+  return ldexpf(1.f, 30 - e);
+}
+
 template <int D>
 __global__ void delta_kernel(const AttnParams p) {
   constexpr int L = D / 8;  // lanes per row, 16 bytes each
@@ -112,7 +146,7 @@ __global__ void delta_kernel(const AttnParams p) {
   const int64_t row = gid / L;
   const int c = (int)(gid % L);
   const int64_t total = (int64_t)p.B * p.Hq * p.q_len;
-  float acc = 0.f;
+  float acc = 0.f, n2 = 0.f;  // rowsum(dO * O), ||dO||^2
   if (row < total) {
     const int r = (int)(row % p.q_len);
     const int64_t bh = row / p.q_len;
@@ -127,11 +161,67 @@ __global__ void delta_kernel(const AttnParams p) {
     for (int i = 0; i < 4; ++i) {
       const float2 a = __bfloat1622float2(o2[i]), bq = __bfloat1622float2(d2[i]);
       acc += a.x * bq.x + a.y * bq.y;
+      n2 += bq.x * bq.x + bq.y * bq.y;
     }
   }
 #pragma unroll
   for (int off = L / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
   if (row < total && c == 0) p.delta[row] = acc;
+  if (p.dq_row_scale != nullptr) {  // the fused pass's fixed point (p.kv_max: kv_max_kernel, launched before)
+#pragma unroll
+    for (int off = L / 2; off > 0; off >>= 1) n2 += __shfl_xor_sync(0xffffffffu, n2, off);
+    if (row < total && c == 0) p.dq_row_scale[row] = fixed_point_scale(sqrtf(n2), p.kv_max[0], p.kv_max[1]);
+  }
+}
+
+// max |K| over every element and max ||V_k|| over every key row (the fixed point's bound, bwd_fused_sm90.cu), as
+// float bits by atomicMax into p.kv_max[0], [1] (zeroed before; non-negative floats order as their bits). Grid-stride
+// over (B Hkv kv_len) rows x D / 8 lanes; one atomic per block and value.
+template <int D>
+__global__ void kv_max_kernel(const AttnParams p) {
+  constexpr int L = D / 8;
+  const int64_t rows = (int64_t)p.B * p.Hkv * p.kv_len;
+  float mk = 0.f, mv = 0.f;
+  // block-uniform steps, so that the row's lanes shuffle together also in the last, partial step
+  for (int64_t base = (int64_t)blockIdx.x * blockDim.x; base < rows * L; base += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t gid = base + threadIdx.x, row = gid / L;
+    const int c = (int)(gid % L);
+    float n2 = 0.f;
+    if (row < rows) {
+      const int r = (int)(row % p.kv_len);
+      const int64_t bh = row / p.kv_len;
+      const int h = (int)(bh % p.Hkv), b = (int)(bh / p.Hkv);
+      const uint4 kv = *reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.k) + b * p.k_sb + h * p.k_sh +
+                                                       (int64_t)r * p.k_sr + c * 8);
+      const uint4 vv = *reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.v) + b * p.v_sb + h * p.v_sh +
+                                                       (int64_t)r * p.v_sr + c * 8);
+      const __nv_bfloat162* k2 = reinterpret_cast<const __nv_bfloat162*>(&kv);
+      const __nv_bfloat162* v2 = reinterpret_cast<const __nv_bfloat162*>(&vv);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float2 a = __bfloat1622float2(k2[i]), w = __bfloat1622float2(v2[i]);
+        mk = fmaxf(mk, fmaxf(fabsf(a.x), fabsf(a.y)));
+        n2 += w.x * w.x + w.y * w.y;
+      }
+    }
+#pragma unroll
+    for (int off = L / 2; off > 0; off >>= 1) n2 += __shfl_xor_sync(0xffffffffu, n2, off);
+    mv = fmaxf(mv, sqrtf(n2));
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    mk = fmaxf(mk, __shfl_xor_sync(0xffffffffu, mk, off));
+    mv = fmaxf(mv, __shfl_xor_sync(0xffffffffu, mv, off));
+  }
+  __shared__ float sk[32], sv[32];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  if (lane == 0) { sk[warp] = mk; sv[warp] = mv; }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < (int)(blockDim.x >> 5); ++w) { mk = fmaxf(mk, sk[w]); mv = fmaxf(mv, sv[w]); }
+    atomicMax(reinterpret_cast<unsigned*>(p.kv_max), __float_as_uint(mk));
+    atomicMax(reinterpret_cast<unsigned*>(p.kv_max) + 1, __float_as_uint(mv));
+  }
 }
 
 // ---- 2. dQ ---------------------------------------------------------------------------------
@@ -519,13 +609,18 @@ void run_bwd(const AttnParams& p, cudaStream_t s, int stage) {
     throw std::runtime_error("dflash attention kernel: the fused backward (DFLASH_ATTN_DKV_VARIANT=7) needs "
                              "AttnParams::dq_accum (dq_accum_numel() floats)");
   if (stage < 0 || stage == 0) {
-    delta_kernel<D><<<(unsigned)((threads + 255) / 256), 256, 0, s>>>(p);
-    DFLASH_CHECK_LAUNCH("attention backward delta");
-    if (fused) {
+    if (fused) {  // the sum, and the fixed point's K/V maxima (the row scales are written, not added)
       const cudaError_t e = cudaMemsetAsync(p.dq_accum, 0, dq_accum_numel(p.B, p.Hq, p.q_len, D) * sizeof(float), s);
       if (e != cudaSuccess)
         throw std::runtime_error(std::string("dflash attention kernel: zeroing dq_accum: ") + cudaGetErrorString(e));
     }
+    if (p.dq_row_scale != nullptr) {
+      const int64_t kv_threads = (int64_t)p.B * p.Hkv * p.kv_len * (D / 8);
+      kv_max_kernel<D><<<(unsigned)std::min<int64_t>((kv_threads + 255) / 256, 1056), 256, 0, s>>>(p);
+      DFLASH_CHECK_LAUNCH("attention backward K/V maxima");
+    }
+    delta_kernel<D><<<(unsigned)((threads + 255) / 256), 256, 0, s>>>(p);
+    DFLASH_CHECK_LAUNCH("attention backward delta");
   }
   if ((stage < 0 || stage == 1) && !fused) {
     const int dqv = dq_variant();
@@ -565,6 +660,14 @@ void launch_attn_bwd_stage(const AttnParams& params, int stage, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
   AttnParams p = params;
   p.bwd_descend = bwd_descend();
+  // The fused pass's fixed-point dQ: the row scales and K/V maxima live in dq_accum after the sum (dq_accum_numel).
+  p.dq_row_scale = nullptr;
+  p.kv_max = nullptr;
+  if (p.d == 128 && backward_accumulates_dq(128) && p.dq_accum != nullptr && fused_det() == 1) {
+    const int64_t sum = (int64_t)p.B * p.Hq * p.meta.nqt * kTileQ * 128;
+    p.dq_row_scale = p.dq_accum + sum;
+    p.kv_max = p.dq_row_scale + (int64_t)p.B * p.Hq * p.meta.nqt * kTileQ;
+  }
   // The dK/dV and fused passes divide an item index by G with a multiply (ItemDiv, item_div.h), exact below 2^32 / G.
   const int64_t G = p.Hkv > 0 ? p.Hq / p.Hkv : 1;
   if (static_cast<int64_t>(p.meta.nqt) * G * G >= (int64_t{1} << 32))
@@ -583,8 +686,11 @@ bool fused_backward_available(int64_t d) { return d == 128 && wgmma_supported();
 
 void set_fused_backward(bool on) { g_dkv_default.store(on ? 7 : 3); }
 
+// The sum (B Hq (query tiles) 64 x d), the fixed point's row scales (B Hq (query tiles) 64) and K/V maxima (2, padded
+// to 4).
 int64_t dq_accum_numel(int64_t B, int64_t Hq, int64_t q_len, int64_t d) {
-  return B * Hq * ((q_len + kTileQ - 1) / kTileQ) * kTileQ * d;
+  const int64_t rows = B * Hq * ((q_len + kTileQ - 1) / kTileQ) * kTileQ;
+  return rows * d + rows + 4;
 }
 
 }  // namespace dflash::attention

@@ -15,8 +15,17 @@
 // p.dq_accum holds each (b, h, query tile)'s 64 x 128 partial in the accumulators' fragment order, so
 // that the shared-memory writes are conflict-free float4s: float index ((w * 8 + j) * 128 + t) * 4 + e
 // for thread t of warpgroup w and its fragment j, e (row 16 (t / 32) + (t % 32) / 4 + 8 (e / 2), column
-// 64 w + 8 j + 2 (t % 4) + e % 2); bwd.cu's conversion kernel reads it back (dq_accum_index()). The sum's
-// order, and so dQ's last bits, varies from run to run; dK and dV equal the split backward's bitwise.
+// 64 w + 8 j + 2 (t % 4) + e % 2); bwd.cu's conversion kernel reads it back (dq_accum_index()). dK and dV equal the
+// split backward's bitwise.
+//
+// The sum (DFLASH_ATTN_FUSED_DET): 1 (default): int32 fixed point, the same bits in every run. Each partial element is
+// rounded to an integer at its query row's power-of-two scale s_i (p.dq_row_scale, written by bwd.cu's delta kernel
+// from ||dO_i|| and the K/V maxima: s_i times a bound on sum_k |dS_ik| |K_kj| stays below 2^30, so no partial sum
+// leaves int32) and added by a bulk .add.u32; integer addition does not depend on the order in which the CTAs add.
+// Each rounding is at most 2^-31 of the row's bound, ~300 of them at the long shape: far below dQ's bf16 rounding
+// unless an element is ~2^-20 of its row's bound. The conversion divides by s_i. 0: fp32 bulk adds (the first
+// version): the order the CTAs reach a tile decides the sum's last bits, which vary from run to run. A fixed order of
+// fp32 adds (a turn counter per tile) was measured ~14 ms slower at the long shape (kernel/NOTES.md v17).
 //
 // Loads (DFLASH_ATTN_FUSED_TMA): 1 (default where TMA can describe q and dO): thread 0 loads each item's
 // Q and dO tiles by TMA onto a "full" mbarrier per stage buffer, so the item starts on that barrier's wait
@@ -48,7 +57,7 @@ constexpr int kFD = 128;        // head dim (d = 64 runs the split backward)
 
 struct FusedSmem {
   static constexpr int kTile = kTileQ * kFD * 2;                            // a 64-row bf16 tile: 16 KB
-  static constexpr int kStage = 2 * kTile + kTileQ * 16 + 2 * kTileQ * 4;   // Q, dO, row records, LSE, delta
+  static constexpr int kStage = 2 * kTile + kTileQ * 16 + 3 * kTileQ * 4;   // Q, dO, row records, LSE, delta, scale
   static constexpr int kStageAligned = (kStage + 1023) / 1024 * 1024;
   static constexpr int kDs = kTileK * kTileQ * 2;                           // one warpgroup's dS^T: 8 KB
   static constexpr int kDq = kTileQ * kFD * 4;                              // an item's dQ partial: 32 KB
@@ -60,14 +69,21 @@ struct FusedSmem {
 static_assert(FusedSmem::kBytes <= 227 * 1024, "fused backward: shared memory");
 static_assert(FusedSmem::kK == 0 && FusedSmem::kV == 2 * FusedSmem::kTile, "fused backward: K, V tiles first");
 
-[[maybe_unused]] __device__ __forceinline__ void bulk_add_f32(float* gdst, uint32_t ssrc, int bytes) {
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(gdst), "r"(ssrc),
-               "r"(bytes)
-               : "memory");
+// kFix: the partial is int32 (fixed point), added as .u32 (two's complement: the same bits as a signed add).
+template <bool kFix>
+[[maybe_unused]] __device__ __forceinline__ void bulk_add(float* gdst, uint32_t ssrc, int bytes) {
+  if constexpr (kFix)
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.u32 [%0], [%1], %2;" ::"l"(gdst), "r"(ssrc),
+                 "r"(bytes)
+                 : "memory");
+  else
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(gdst), "r"(ssrc),
+                 "r"(bytes)
+                 : "memory");
   asm volatile("cp.async.bulk.commit_group;" ::: "memory");
 }
 
-template <bool kTma>
+template <bool kTma, bool kFix>
 __global__ void __launch_bounds__(kFThreads, 1)
     attn_bwd_fused_kernel(const AttnParams p, const __grid_constant__ QdoMaps maps) {
 #ifdef DFLASH_WGMMA
@@ -122,8 +138,17 @@ __global__ void __launch_bounds__(kFThreads, 1)
 
   auto load_item = [&](int i, int buf) {
     const auto [gi, hi] = div_g.divmod(i);
-    bwd_load_item<D, kFThreads, kTma>(p, maps, rows, sStage0 + buf * S::kStageAligned, sBar0 + 8 * buf,
-                                      b, hk * G + hi, (qt0 + qdir * gi) * kTileQ, tid);
+    const int h = hk * G + hi, m0 = (qt0 + qdir * gi) * kTileQ;
+    const uint32_t st = sStage0 + buf * S::kStageAligned;
+    bwd_load_item<D, kFThreads, kTma>(p, maps, rows, st, sBar0 + 8 * buf, b, h, m0, tid);
+    if constexpr (kFix) {  // the rows' fixed-point scales after delta (threads 128..191; the loader uses 0..127)
+      const int r = tid - 2 * kTileQ;
+      if (r >= 0 && r < kTileQ) {
+        const bool ok = m0 + r < p.q_len;
+        const int64_t lo = ((int64_t)b * p.Hq + h) * p.q_len;
+        cp_async4(st + 2 * S::kTile + kTileQ * 16 + 2 * kTileQ * 4 + r * 4, p.dq_row_scale + (ok ? lo + m0 + r : 0), ok);
+      }
+    }
   };
 
   bwd_init_full_bars<kTma>(sBar0, tid);
@@ -167,7 +192,7 @@ __global__ void __launch_bounds__(kFThreads, 1)
       cp_async_wait<0>();
       fence_proxy_async();
       __syncthreads();
-      if (tid == 0 && prev >= 0) bulk_add_f32(dq_tile(prev), sDq0 + (buf ^ 1) * S::kDq, S::kDq);
+      if (tid == 0 && prev >= 0) bulk_add<kFix>(dq_tile(prev), sDq0 + (buf ^ 1) * S::kDq, S::kDq);
     }
     const uint32_t sQ = sStage0 + buf * S::kStageAligned, sdO = sQ + S::kTile;
     const unsigned char* stp = stage_ptr0 + buf * S::kStageAligned + 2 * S::kTile;
@@ -190,7 +215,7 @@ __global__ void __launch_bounds__(kFThreads, 1)
     if (nxt < nitems) load_item(nxt, buf ^ 1);
     cp_async_commit();
     if constexpr (kTma) {  // after the next item's loads: they wait on nothing, the add only on its own reads (NOTES v15)
-      if (tid == 0 && prev >= 0) bulk_add_f32(dq_tile(prev), sDq0 + (buf ^ 1) * S::kDq, S::kDq);
+      if (tid == 0 && prev >= 0) bulk_add<kFix>(dq_tile(prev), sDq0 + (buf ^ 1) * S::kDq, S::kDq);
     }
 
     // P^T (0 where masked) as bf16 A fragments (bwd_item.cuh)
@@ -229,9 +254,18 @@ __global__ void __launch_bounds__(kFThreads, 1)
     reg_fence(dv);
     reg_fence(dq);
     reg_fence_a(pa);
-    float4* dst = reinterpret_cast<float4*>(gbase + S::kDq0 + buf * S::kDq) + wg * 8 * 128 + wt;
+    if constexpr (kFix) {  // rows 16 warp + g and + 8 of the item, each at its fixed-point scale
+      const float sa = sD[kTileQ + warp * 16 + g], sb = sD[kTileQ + warp * 16 + g + 8];  // after delta
+      int4* dst = reinterpret_cast<int4*>(gbase + S::kDq0 + buf * S::kDq) + wg * 8 * 128 + wt;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) dst[j * 128] = make_float4(dq[j][0], dq[j][1], dq[j][2], dq[j][3]);
+      for (int j = 0; j < 8; ++j)
+        dst[j * 128] = make_int4(__float2int_rn(dq[j][0] * sa), __float2int_rn(dq[j][1] * sa),
+                                 __float2int_rn(dq[j][2] * sb), __float2int_rn(dq[j][3] * sb));
+    } else {
+      float4* dst = reinterpret_cast<float4*>(gbase + S::kDq0 + buf * S::kDq) + wg * 8 * 128 + wt;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) dst[j * 128] = make_float4(dq[j][0], dq[j][1], dq[j][2], dq[j][3]);
+    }
     fence_proxy_async();  // the partial, seen by the bulk copy thread 0 issues after the next barrier
     prev = item;
     item = nxt;
@@ -243,7 +277,7 @@ __global__ void __launch_bounds__(kFThreads, 1)
   cp_async_wait<0>();
   __syncthreads();  // every thread's last partial written
   if (tid == 0) {
-    if (prev >= 0) bulk_add_f32(dq_tile(prev), sDq0 + (buf ^ 1) * S::kDq, S::kDq);
+    if (prev >= 0) bulk_add<kFix>(dq_tile(prev), sDq0 + (buf ^ 1) * S::kDq, S::kDq);
     asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");  // done before the CTA's memory goes
   }
 
@@ -273,12 +307,15 @@ namespace {
 std::atomic<int64_t> g_fused_tma_launches{0};
 }  // namespace
 
-// tma: load Q and dO by TMA where the tensors allow it (DFLASH_ATTN_FUSED_TMA, read in bwd.cu).
+// tma: load Q and dO by TMA where the tensors allow it (DFLASH_ATTN_FUSED_TMA, read in bwd.cu); p.dq_row_scale set:
+// the fixed-point sum.
 void launch_bwd_fused(const AttnParams& p, bool tma, void* stream) {
   constexpr int smem = FusedSmem::kBytes;
   QdoMaps maps{};
   tma = tma && qdo_maps(p, &maps);
-  auto kern = tma ? attn_bwd_fused_kernel<true> : attn_bwd_fused_kernel<false>;
+  const bool fix = p.dq_row_scale != nullptr;
+  auto kern = tma ? (fix ? attn_bwd_fused_kernel<true, true> : attn_bwd_fused_kernel<true, false>)
+                  : (fix ? attn_bwd_fused_kernel<false, true> : attn_bwd_fused_kernel<false, false>);
   cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   kern<<<dim3((p.meta.nkt + 1) / 2, p.Hkv, p.B), kFThreads, smem, static_cast<cudaStream_t>(stream)>>>(p, maps);
   DFLASH_CHECK_LAUNCH(tma ? "attention backward fused dk/dv/dq (wgmma, TMA loads)"
