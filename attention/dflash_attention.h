@@ -58,8 +58,9 @@ bool kernel_available();
 // d = 128. False without CUDA.
 bool fused_backward_available(int64_t d);
 // The kernel's backward in this process from now on: false (the default) = the split backward (a dQ
-// pass and a dK/dV pass, deterministic); true = the fused one where fused_backward_available (dK and
-// dV bit-identical to the split's, dQ summed by fp32 adds in a run-dependent order). Set once by the
+// pass and a dK/dV pass); true = the fused one where fused_backward_available (dK and dV bit-identical
+// to the split's, dQ summed in int32 fixed point: the same bits in every run, kernel/bwd_fused_sm90.cu;
+// DFLASH_ATTN_FUSED_DET=0: by fp32 adds in a run-dependent order). Set once by the
 // drafter from drafter.attention_backward (trainer/roles/attention_choice.h); the benchmark knob
 // DFLASH_ATTN_DKV_VARIANT, when set, overrides it. A no-op without CUDA.
 void set_fused_backward(bool on);

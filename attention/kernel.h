@@ -22,8 +22,9 @@
 // matmul stages use Hopper wgmma, software-pipelined so that each warpgroup's softmax / P / dS
 // work overlaps its own products (kernel/fwd_sm90.cu, kernel/bwd_sm90.cu), the forward with two
 // query heads per CTA sharing a TMA ring of K/V tiles (kernel/ws_sm90.cu); elsewhere mma.sync
-// (kernel/fwd.cu, kernel/bwd.cu, sm_80+). The backward is deterministic (no atomics): delta, a dQ
-// pass over query tiles, a dK/dV pass over key tiles (GQA groups reduced inside the CTA). The
+// (kernel/fwd.cu, kernel/bwd.cu, sm_80+). The backward is deterministic: delta, a dQ pass over query
+// tiles (no atomics), a dK/dV pass over key tiles (GQA groups reduced inside the CTA); or the fused pass
+// (Hopper, d = 128; kernel/bwd_fused_sm90.cu), whose dQ partials are added as int32 fixed point. The
 // wgmma dK/dV pass forms dS from P as rounded to bf16 (registers; see kernel/NOTES.md).
 // Measurements and design notes: attention/kernel/NOTES.md.
 // Thread-safety: launches are stream-ordered on the current CUDA stream; no global state but a

@@ -110,8 +110,8 @@ struct DrafterConfig {
     v("gamma", gamma, "loss decay; 0 picks DFLASH.md's value for the block size");
     v("attention", attention, "auto (the CUDA block-sparse kernel where it runs, else sdpa), kernel or sdpa (reference)");
     v("attention_backward", attention_backward,
-      "split (deterministic: a dQ pass and a dK/dV pass) or fused (one pass, Hopper and head_dim 128; faster at "
-      "long contexts, dQ's last bits vary from run to run)");
+      "split (a dQ pass and a dK/dV pass) or fused (one pass, Hopper and head_dim 128; faster at long contexts); "
+      "both deterministic");
     v("loss_chunk", loss_chunk, "draft positions per chunk of the fused LM head + CE (> 0; model/drafter.h)");
     v("init_from", init_from, "exported drafter directory to initialise from (empty: random)");
   }

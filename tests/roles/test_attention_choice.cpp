@@ -145,7 +145,7 @@ TEST(AttentionBackwardChoice, FusedOnHopperWithItsCodeAndHeadDim128) {
     const auto c = roles::choose_attention(fused(a), kH200Fused, 128);
     EXPECT_EQ(c.backend, Backend::Kernel) << c.why;
     EXPECT_TRUE(c.fused_backward) << c.why;
-    EXPECT_NE(c.why.find(", fused backward (drafter.attention_backward=fused: dQ's last bits vary from run to run)"),
+    EXPECT_NE(c.why.find(", fused backward (drafter.attention_backward=fused)"),
               std::string::npos) << c.why;
   }
 }

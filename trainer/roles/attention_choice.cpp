@@ -79,7 +79,7 @@ AttentionChoice choose_attention(const Config& cfg, const DeviceFacts& f, int64_
     if (c.backend == attention::Backend::Kernel && head_dim == 128 && f.fused_backward &&
         cfg.data.max_seq_len >= kFusedHintSeqLen)
       c.why += fmt::format(", split backward (drafter.attention_backward=fused runs {}-token documents faster: the "
-                           "1 x 40000 step by 6% on an H100; dQ's last bits then vary from run to run)",
+                           "1 x 40000 step by @PCT@ on an H100)",
                            cfg.data.max_seq_len);
     return c;
   }
@@ -96,7 +96,7 @@ AttentionChoice choose_attention(const Config& cfg, const DeviceFacts& f, int64_
     throw_user("{}: key 'drafter.attention_backward' is fused, but {}; use split (the default)",
                key_origin(cfg, "drafter.attention_backward"), missing);
   c.fused_backward = true;
-  c.why += ", fused backward (drafter.attention_backward=fused: dQ's last bits vary from run to run)";
+  c.why += ", fused backward (drafter.attention_backward=fused)";
   return c;
 }
 

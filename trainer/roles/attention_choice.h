@@ -8,8 +8,8 @@
 //           dim is 64 or 128 (its tiles); else the SDPA reference path, saying why
 //   kernel  the kernel, or a UserError naming the key and what is missing (exit 2)
 //   sdpa    the reference path (the oracle of the tests), whatever the device
-// drafter.attention_backward (split | fused) picks the kernel's backward: split (the default, deterministic)
-// or fused (one pass; dQ's last bits vary from run to run), which needs the kernel, an sm_90 GPU with the
+// drafter.attention_backward (split | fused) picks the kernel's backward: split (the default) or fused (one pass;
+// both give the same bits in every run), which needs the kernel, an sm_90 GPU with the
 // sm_90a code built in and head_dim 128, else a UserError naming the key and what is missing.
 // `why` is the one line rank 0 prints in the run header ("attention kernel (auto: ...)"). With the split backward
 // where the fused one would run and data.max_seq_len >= kFusedHintSeqLen, it also says that fused is faster there.
