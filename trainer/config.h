@@ -99,7 +99,7 @@ struct DrafterConfig {
   int64_t mask_token_id = -1;  // -1: from the target (Qwen3: 151669)
   double gamma = 0;            // 0: 7 for bs 16, 5 for bs 10, 4 for bs 8 (DFLASH.md §2.4)
   std::string attention = "auto";  // auto | kernel | sdpa
-  std::string attention_backward = "split";  // split | fused (the kernel's backward; attention_choice.h)
+  std::string attention_backward = "auto";  // auto | split | fused (the kernel's backward; attention_choice.h)
   int64_t loss_chunk = 2048;       // draft positions per LM-head chunk
   std::string init_from;           // an exported drafter directory to start from
   template <class V> void visit(V& v) {
@@ -110,8 +110,8 @@ struct DrafterConfig {
     v("gamma", gamma, "loss decay; 0 picks DFLASH.md's value for the block size");
     v("attention", attention, "auto (the CUDA block-sparse kernel where it runs, else sdpa), kernel or sdpa (reference)");
     v("attention_backward", attention_backward,
-      "split (a dQ pass and a dK/dV pass) or fused (one pass, Hopper and head_dim 128; faster at long contexts); "
-      "both deterministic");
+      "auto (fused where it runs and data.max_seq_len >= 16384, else split), split (a dQ pass and a dK/dV pass) or "
+      "fused (one pass, Hopper and head_dim 128; faster at long contexts); all deterministic");
     v("loss_chunk", loss_chunk, "draft positions per chunk of the fused LM head + CE (> 0; model/drafter.h)");
     v("init_from", init_from, "exported drafter directory to initialise from (empty: random)");
   }

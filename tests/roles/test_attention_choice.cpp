@@ -109,23 +109,51 @@ TEST(AttentionChoice, UnknownValueIsRejectedAtLoad) {
   }
 }
 
-TEST(AttentionBackwardChoice, DefaultIsTheSplitBackward) {
-  EXPECT_EQ(Config().drafter.attention_backward, "split");
+// The default, auto, at the default data.max_seq_len (below kFusedHintSeqLen): the split backward, and the header
+// says nothing about it.
+TEST(AttentionBackwardChoice, DefaultIsAutoWhichSplitsShortDocuments) {
+  EXPECT_EQ(Config().drafter.attention_backward, "auto");
+  ASSERT_LT(Config().data.max_seq_len, roles::kFusedHintSeqLen);
   const auto c = roles::choose_attention(with("auto"), kH200Fused, 128);
   EXPECT_EQ(c.backend, Backend::Kernel);
   EXPECT_FALSE(c.fused_backward);
   EXPECT_EQ(c.why.find("fused"), std::string::npos) << c.why;
 }
 
+// auto at long documents (data.max_seq_len >= kFusedHintSeqLen): the fused backward where it runs, named in the header;
+// the split one, silently and without an error, where it does not (no sm_90a code, another GPU, head_dim 64, sdpa, a
+// CPU build) and below the threshold.
+TEST(AttentionBackwardChoice, AutoRunsFusedAtLongDocumentsWhereItRuns) {
+  auto at = [](int64_t len, const char* attention = "auto") {
+    return parse_config("", "test.yaml", {"data.max_seq_len=" + std::to_string(len),
+                                          std::string("drafter.attention=") + attention});
+  };
+  const auto c = roles::choose_attention(at(40000), kH200Fused, 128);
+  EXPECT_TRUE(c.fused_backward) << c.why;
+  EXPECT_NE(c.why.find(", fused backward (drafter.attention_backward=auto: 40000-token documents)"), std::string::npos)
+      << c.why;
+  EXPECT_TRUE(roles::choose_attention(at(roles::kFusedHintSeqLen), kH200Fused, 128).fused_backward);
+  for (const auto& [cfg, f, hd] : {std::tuple{at(roles::kFusedHintSeqLen - 1), kH200Fused, int64_t{128}},
+                                   std::tuple{at(40000), kH200, int64_t{128}},
+                                   std::tuple{at(40000), kA100, int64_t{128}},
+                                   std::tuple{at(40000), kH200Fused, int64_t{64}},
+                                   std::tuple{at(40000, "sdpa"), kH200Fused, int64_t{128}},
+                                   std::tuple{at(40000), kCpuBuild, int64_t{128}}}) {
+    const auto w = roles::choose_attention(cfg, f, hd);
+    EXPECT_FALSE(w.fused_backward) << cfg.data.max_seq_len << " " << hd << ": " << w.why;
+    EXPECT_EQ(w.why.find("fused"), std::string::npos) << cfg.data.max_seq_len << " " << hd << ": " << w.why;
+  }
+}
+
 // With the split backward where the fused one runs, long documents (data.max_seq_len >= kFusedHintSeqLen) get one
 // clause in the header saying that fused is faster there; not at the recipe's 3072, not where fused cannot run.
 TEST(AttentionBackwardChoice, SplitAtLongDocumentsRecommendsFused) {
   auto split_at = [](int64_t len) {
-    return parse_config("", "test.yaml", {"data.max_seq_len=" + std::to_string(len)});
+    return parse_config("", "test.yaml", {"data.max_seq_len=" + std::to_string(len), "drafter.attention_backward=split"});
   };
   const auto c = roles::choose_attention(split_at(40000), kH200Fused, 128);
   EXPECT_FALSE(c.fused_backward);
-  EXPECT_NE(c.why.find(", split backward (drafter.attention_backward=fused runs 40000-token documents faster: "),
+  EXPECT_NE(c.why.find(", split backward (drafter.attention_backward=fused (or auto) runs 40000-token documents faster: "),
             std::string::npos) << c.why;
   EXPECT_NE(roles::choose_attention(split_at(roles::kFusedHintSeqLen), kH200Fused, 128).why.find("split backward"),
             std::string::npos);
@@ -136,7 +164,8 @@ TEST(AttentionBackwardChoice, SplitAtLongDocumentsRecommendsFused) {
     const auto w = roles::choose_attention(split_at(len), f, hd).why;
     EXPECT_EQ(w.find("fused"), std::string::npos) << len << " " << hd << ": " << w;
   }
-  EXPECT_EQ(roles::choose_attention(parse_config("", "test.yaml", {"data.max_seq_len=40000", "drafter.attention=sdpa"}),
+  EXPECT_EQ(roles::choose_attention(parse_config("", "test.yaml", {"data.max_seq_len=40000", "drafter.attention=sdpa",
+                                                                    "drafter.attention_backward=split"}),
                                     kH200Fused, 128).why.find("fused"), std::string::npos);
 }
 
@@ -167,7 +196,7 @@ TEST(AttentionBackwardChoice, FusedWhereItCannotRunIsOneUserErrorNamingTheKey) {
     EXPECT_NE(e.find("override 'drafter.attention_backward=fused': key 'drafter.attention_backward' is fused, but "),
               std::string::npos) << e;
     EXPECT_NE(e.find(k.reason), std::string::npos) << e;
-    EXPECT_NE(e.find("use split"), std::string::npos) << e;
+    EXPECT_NE(e.find("use auto (the default) or split"), std::string::npos) << e;
     EXPECT_EQ(e.find('\n'), std::string::npos) << e;
   }
 }
@@ -177,7 +206,7 @@ TEST(AttentionBackwardChoice, UnknownValueIsRejectedAtLoad) {
     parse_config("", "test.yaml", {"drafter.attention_backward=fast"});
     FAIL() << "accepted drafter.attention_backward=fast";
   } catch (const UserError& e) {
-    EXPECT_NE(std::string(e.what()).find("key 'drafter.attention_backward' must be one of split, fused, got 'fast'"),
+    EXPECT_NE(std::string(e.what()).find("key 'drafter.attention_backward' must be one of auto, split, fused, got 'fast'"),
               std::string::npos) << e.what();
   }
 }

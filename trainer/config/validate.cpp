@@ -103,7 +103,7 @@ void validate_config(const Config& cfg) {
   c.real_range("drafter.gamma", cfg.drafter.gamma, 0, 1e6, false, false,
                "0 (DFLASH.md's value) or a finite number > 0");
   c.one_of("drafter.attention", cfg.drafter.attention, {"auto", "kernel", "sdpa"});
-  c.one_of("drafter.attention_backward", cfg.drafter.attention_backward, {"split", "fused"});
+  c.one_of("drafter.attention_backward", cfg.drafter.attention_backward, {"auto", "split", "fused"});
   c.int_range("drafter.loss_chunk", cfg.drafter.loss_chunk, 1, kMaxLossChunk);
   // data
   for (size_t i = 0; i < cfg.data.shards.size(); ++i)

@@ -8,11 +8,13 @@
 //           dim is 64 or 128 (its tiles); else the SDPA reference path, saying why
 //   kernel  the kernel, or a UserError naming the key and what is missing (exit 2)
 //   sdpa    the reference path (the oracle of the tests), whatever the device
-// drafter.attention_backward (split | fused) picks the kernel's backward: split (the default) or fused (one pass;
-// both give the same bits in every run), which needs the kernel, an sm_90 GPU with the
-// sm_90a code built in and head_dim 128, else a UserError naming the key and what is missing.
-// `why` is the one line rank 0 prints in the run header ("attention kernel (auto: ...)"). With the split backward
-// where the fused one would run and data.max_seq_len >= kFusedHintSeqLen, it also says that fused is faster there.
+// drafter.attention_backward (auto | split | fused) picks the kernel's backward, each the same bits in every run:
+//   auto    (the default) fused where it runs and data.max_seq_len >= kFusedHintSeqLen, else split, silently
+//   split   a dQ pass and a dK/dV pass; where the fused one would run and data.max_seq_len >= kFusedHintSeqLen,
+//           `why` says that fused is faster there
+//   fused   one pass, which needs the kernel, an sm_90 GPU with the sm_90a code built in and head_dim 128, else a
+//           UserError naming the key and what is missing
+// `why` is the one line rank 0 prints in the run header ("attention kernel (auto: ...)").
 // Thread-safety: choose_attention is a pure function; device_facts queries the device (with
 // probe_fused it makes that device current and puts the previous one back).
 #pragma once
@@ -27,13 +29,15 @@
 
 namespace dflash::roles {
 
-// From this data.max_seq_len on, a run with the split backward where the fused one runs says so in its header: the
-// fused pass is level with the split at 4 x 3072 and 7% faster per step at 1 x 40000 (bench/RESULTS.md 2026-12-07).
+// From this data.max_seq_len on, drafter.attention_backward=auto runs the fused backward where it runs (and a run with
+// split says that fused is faster there): with its fixed-point dQ the fused pass takes the drafter's attention layer
+// (fwd + bwd) from 83.9-85.3 to 77.2-78.3 ms at 1 x 40000, and from 7.7-8.3 to 8.3-8.4 ms at 4 x 3072, on an H100
+// (bench/RESULTS.md 2026-12-07 13:59).
 constexpr int64_t kFusedHintSeqLen = 16384;
 
 struct AttentionChoice {
   attention::Backend backend = attention::Backend::Reference;
-  bool fused_backward = false;  // drafter.attention_backward=fused, checked to run here
+  bool fused_backward = false;  // the fused backward (attention_backward fused, or auto at long documents)
   std::string why;  // "kernel (drafter.attention=auto: CUDA sm_90, kernel built)"
 };
 
