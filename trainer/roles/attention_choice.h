@@ -31,8 +31,9 @@ namespace dflash::roles {
 
 // From this data.max_seq_len on, drafter.attention_backward=auto runs the fused backward where it runs (and a run with
 // split says that fused is faster there): with its fixed-point dQ the fused pass takes the drafter's attention layer
-// (fwd + bwd) from 83.9-85.3 to 77.2-78.3 ms at 1 x 40000, and from 7.7-8.3 to 8.3-8.4 ms at 4 x 3072, on an H100
-// (bench/RESULTS.md 2026-12-07 13:59).
+// (fwd + bwd) from 83.9-85.3 to 77.2-78.3 ms at 1 x 40000 and the whole drafter step from 944.9 to 909.4 ms (3.9%);
+// at 4 x 3072 the layer from 7.7-8.3 to 8.3-8.4 ms, the step level (494.8, 495.0 ms); on an H100 (bench/RESULTS.md
+// 2026-12-07 13:59, 15:10).
 constexpr int64_t kFusedHintSeqLen = 16384;
 
 struct AttentionChoice {
