@@ -22,8 +22,9 @@
 // rounded to an integer at its query row's power-of-two scale s_i (p.dq_row_scale, written by bwd.cu's delta kernel
 // from ||dO_i|| and the K/V maxima: s_i times a bound on sum_k |dS_ik| |K_kj| stays below 2^30, so no partial sum
 // leaves int32) and added by a bulk .add.u32; integer addition does not depend on the order in which the CTAs add.
-// Each rounding is at most 2^-31 of the row's bound, ~300 of them at the long shape: far below dQ's bf16 rounding
-// unless an element is ~2^-20 of its row's bound. The conversion divides by s_i. 0: fp32 bulk adds (the first
+// Each rounding is at most 2^-30 of the row's bound (s_i bound >= 2^29), ~300 of them per element at the long shape:
+// below dQ's own bf16 rounding (2^-9 of the element) unless the element is under ~2^-13 of its row's bound and
+// the roundings all go one way. The conversion divides by s_i. 0: fp32 bulk adds (the first
 // version): the order the CTAs reach a tile decides the sum's last bits, which vary from run to run. A fixed order of
 // fp32 adds (a turn counter per tile) was measured ~14 ms slower at the long shape (kernel/NOTES.md v17).
 //
