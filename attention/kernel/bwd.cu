@@ -130,13 +130,14 @@ __global__ void dq_from_accum_kernel(const AttnParams p) {
 // s * bound < 2^30, bound = 2.5 ||dO_i|| max_k ||V_k|| max |K| >= sum_k |dS_ik| |K_kj| for every column j (dS_ik =
 // P_ik (dP_ik - delta_i), |dP_ik| <= ||dO_i|| ||V_k||, |delta_i| <= ||dO_i|| ||O_i|| <= ||dO_i|| max ||V_k||,
 // sum_k P_ik = 1; 2.5 instead of 2 covers the bf16 roundings of P and dS), so no partial sum leaves int32. A row
-// whose bound is 0 has dS = 0 (scale 1); a NaN bound gives scale 1 (the NaN then shows in dK/dV, not in dQ).
+// whose bound is 0 has dS = 0 (scale 1); a NaN bound gives scale 1 (the NaN then shows in dK/dV, not in dQ); the
+// scale stops at 2^126 (rows whose bound is under 2^-96 keep fewer bits; 1 / s stays a normal float).
 __device__ __forceinline__ float fixed_point_scale(float norm_do, float max_k, float max_v) {
   const float bound = 2.5f * norm_do * max_v * max_k;
   if (!(bound > 0.f) || !isfinite(bound)) return 1.f;
   int e;
   frexpf(bound, &e);  // bound < 2^e
-  return ldexpf(1.f, 30 - e);
+  return ldexpf(1.f, min(30 - e, 126));
 }
 
 template <int D>
