@@ -8,8 +8,9 @@
 --drafter: drafter_bench output (its table rows "| S | B | attention / loss | fwd | bwd | opt | step |
 draft pos/s | target tok/s | ..."); the kernel rows ("kernel fused") of the bar shapes are judged.
 --target: target_bench forward --json output (rows with "shape" and "tokens_per_s").
---drafter-fused: drafter_bench output run with the fused backward (drafter.attention_backward: fused,
-opt-in); one more line per drafter bar whose shape it holds, named so (no line for a shape it lacks).
+--drafter-fused: drafter_bench output run with the fused backward (what drafter.attention_backward: auto, the
+default, runs at 16384-token documents and more); one more line per drafter bar whose shape it holds, named so (no
+line for a shape it lacks).
 A bar whose measurement is missing (a shape not run, a failed row) reads "BAR ... not measured".
 Always exits 0: the lines are a report, the benchmarks' own checks decide the area's status.
 """
@@ -63,7 +64,7 @@ def report(drafter_paths, target_path, fused_paths=()):
     t = target_rows(target_path) if target_path else {}
     lines = [verdict(w, d.get(k), b) for w, k, b in DRAFTER_BARS]
     f = drafter_rows(fused_paths)
-    lines += [verdict(w + ", fused backward (opt-in)", f[k], b) for w, k, b in DRAFTER_BARS if k in f]
+    lines += [verdict(w + ", fused backward (auto's choice there)", f[k], b) for w, k, b in DRAFTER_BARS if k in f]
     lines += [verdict(w, t.get(k), b) for w, k, b in TARGET_BARS]
     return lines
 

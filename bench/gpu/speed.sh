@@ -4,7 +4,8 @@
 #      recipe shape 4 x 3072 with 512 anchors (and one more kernel step there under the profiler:
 #      device time by kind of work, the top kernels) and the long shape 1 x 40000 with 2048 anchors
 #      (bench/drafter_bench --optimizer; the SDPA path may run out of memory at the long shape:
-#      the row says so), and the long shape once more with the opt-in fused backward;
+#      the row says so), and the long shape once more with the fused backward (what the trainer's default,
+#      drafter.attention_backward: auto, runs at that length);
 #   2. the target capture forward at the pipeline's batch shape 4 x 3072 and at the bar's 8 x 2048
 #      (target_bench forward); then one "BAR ... met / NOT MET" line per throughput bar of 1. and 2.
 #      (bench/speed_bars.py);
@@ -48,10 +49,10 @@ grep -h "^| [0-9]" "$OUT/drafter_step_4x3072.txt" "$OUT/drafter_step_1x40000.txt
 sed -n '/^profile of one step/,$p' "$OUT/drafter_step_4x3072.txt" | tee -a "$SUMMARY"  # the kernel case, by kind of work
 echo "single-tensor AdamW (DFLASH_OPTIM_FUSED=0):" | tee -a "$SUMMARY"
 grep -h "^| [0-9]" "$OUT/drafter_step_4x3072_single_adamw.txt" | tee -a "$SUMMARY"
-# the long shape with the opt-in fused backward (dK/dV variant 7: faster there, dQ's last bits run-dependent)
+# the long shape with the fused backward (dK/dV variant 7, dQ in fixed point: auto's choice at 40000-token documents)
 DFLASH_ATTN_DKV_VARIANT=7 timeout 120 "$BUILD/bench/drafter_bench" --seq 40000 --rows 1 --anchors 2048 --attention kernel \
   --optimizer --iters 3 --warmup 1 > "$OUT/drafter_step_1x40000_fused_bwd.txt" 2>&1 || rc=1
-echo "fused backward (DFLASH_ATTN_DKV_VARIANT=7, opt-in):" | tee -a "$SUMMARY"
+echo "fused backward (DFLASH_ATTN_DKV_VARIANT=7, auto's choice at this length):" | tee -a "$SUMMARY"
 grep -h "^| [0-9]" "$OUT/drafter_step_1x40000_fused_bwd.txt" | tee -a "$SUMMARY"
 
 # 2. the target part alone at the pipeline's shape, and at the bar's 8 x 2048

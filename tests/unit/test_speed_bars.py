@@ -42,7 +42,7 @@ def test_fused_backward_lines(tmp_path):
     assert lines == [
         "BAR drafter step 4 x 3072, 512 anchors, kernel: not measured (bar >= 25,000 tok/s)",
         "BAR drafter step 1 x 40000, 2048 anchors, kernel: not measured (bar >= 45,000 tok/s)",
-        "BAR drafter step 1 x 40000, 2048 anchors, kernel, fused backward (opt-in): 45,749 tok/s, 101.7% of the bar "
+        "BAR drafter step 1 x 40000, 2048 anchors, kernel, fused backward (auto's choice there): 45,749 tok/s, 101.7% of the bar "
         ">= 45,000: met",
         "BAR target capture forward 8 x 2048: not measured (bar >= 46,000 tok/s)",
     ]
