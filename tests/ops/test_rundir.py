@@ -7,6 +7,8 @@ tiny target, 2 target + 2 drafter ranks, 12 steps (a few seconds each run):
 - run.overwrite=true starts over: a new run id, metrics.jsonl holds only the new run's steps;
 - --resume with a changed train.max_steps is refused naming the key and both values; with
   run.accept_changes=true it continues and logs the consequence (the new learning rate);
+- a run recorded by an older build (a key it lacked, another default of an execution key) is requeued
+  as the same run; an identity key changed in its record is still another run;
 - stale checkpoints/*.tmp and exports/*.tmp / *.old directories are removed at start;
 - the same launch again (a requeued job) auto-resumes: after kill -9 of every rank, the same
   command without --resume continues from the newest state, and the per-step losses and the final
@@ -115,6 +117,31 @@ def test_overwrite_in_a_requeued_slurm_job_resumes(assets, straight, tmp_path):
     assert "auto-resume:" in p.all and "deleted the previous run" not in p.all, p.all[-3000:]
     assert oc.step_losses(run_dir) == before
     assert oc.export_bytes(run_dir) == oc.export_bytes(straight)
+
+
+def test_run_of_an_older_build_auto_resumes(assets, straight, tmp_path):
+    """A run recorded by an older dflash, requeued under this one: a key that build did not have (drafter.init_from,
+    at its default now) and an execution choice with another default then (drafter.attention_backward: split, before
+    auto) leave it the same run; the relaunch resumes it instead of calling the directory another run's."""
+    run_dir = str(tmp_path / "run")
+    shutil.copytree(straight, run_dir)
+    path = os.path.join(run_dir, "run.json")
+    rj = json.load(open(path))
+    lines = rj["config"].splitlines(keepends=True)
+    assert any(l.strip().startswith("init_from:") for l in lines) and 'attention_backward: "auto"' in rj["config"]
+    rj["config"] = "".join(l for l in lines if not l.strip().startswith("init_from:")).replace(
+        'attention_backward: "auto"', 'attention_backward: "split"')
+    rj["config_hash"] = "0123456789abcdef"  # that build's hash: not compared, the recorded config is
+    json.dump(rj, open(path, "w"), indent=2)
+    p = oc.mpirun(NP, args(assets, run_dir))
+    assert p.returncode == 0, p.all[-3000:]
+    assert "auto-resume:" in p.all and "holds another run" not in p.all, p.all[-3000:]
+    assert oc.step_losses(run_dir) == oc.step_losses(straight)
+    # an identity key changed in the record is still another run
+    rj["config"] = rj["config"].replace(f"max_steps: {STEPS}", f"max_steps: {STEPS + 1}")
+    json.dump(rj, open(path, "w"), indent=2)
+    p = oc.mpirun(NP, args(assets, run_dir))
+    assert p.returncode == 2 and f"train.max_steps {STEPS + 1} -> {STEPS}" in p.all, p.all[-3000:]
 
 
 def test_stale_tmp_cleaned_and_requeue_auto_resumes(assets, straight, tmp_path):

@@ -206,9 +206,39 @@ TEST(Validate, NonFiniteTensorsNameFileAndTensor) {
 // The identity of a run (trainer/config/identity.h): what it computes, not how it is watched.
 TEST(Identity, WatchingAndPlacementKeysAreNotIdentity) {
   for (const char* k : {"log.interval", "comm.timeout_s", "checkpoint.state_every", "eval.every", "eval.prompts",
-                        "run.name", "run.dir", "run.cpu_threads", "run.overwrite", "run.accept_changes"})
+                        "run.name", "run.dir", "run.cpu_threads", "run.overwrite", "run.accept_changes",
+                        "drafter.attention", "drafter.attention_backward", "drafter.loss_chunk"})
     EXPECT_FALSE(dflash::is_identity_key(k)) << k;
   for (const char* k : {"train.lr", "train.max_steps", "drafter.num_layers", "data.shards", "run.seed",
-                        "layout.target_ranks", "target.model_dir"})
+                        "layout.target_ranks", "target.model_dir", "drafter.num_anchors", "drafter.block_size"})
     EXPECT_TRUE(dflash::is_identity_key(k)) << k;
+}
+
+// A config recorded by an older build (fewer keys, another default) is compared under this build's rules.
+TEST(Identity, RecordedConfigIsResolvedAgainByThisBuild) {
+  const std::string now = dflash::to_yaml(dflash::parse_config("", "t.yaml", {"train.lr=0.002"}));
+  // that build had no drafter.gamma and ran the split backward by default
+  std::string old;
+  for (size_t at = 0, nl; at < now.size(); at = nl + 1) {
+    nl = now.find('\n', at);
+    if (nl == std::string::npos) nl = now.size();
+    const std::string line = now.substr(at, nl - at);
+    if (line.find("gamma:") == std::string::npos) old += line + "\n";
+  }
+  ASSERT_NE(old, now);
+  const auto pos = old.find("attention_backward: \"auto\"");
+  ASSERT_NE(pos, std::string::npos) << old;
+  old.replace(pos, 26, "attention_backward: \"split\"");
+  EXPECT_NE(dflash::identity_hash_of_yaml(old, "old"), dflash::identity_hash_of_yaml(now, "now"));  // as written
+  const std::string again = dflash::reresolved_yaml(old, "old");
+  EXPECT_EQ(dflash::identity_hash_of_yaml(again, "old"), dflash::identity_hash_of_yaml(now, "now"));
+  EXPECT_TRUE(dflash::identity_changes(again, now, "old").empty());
+  // a real change stays one
+  const std::string lr = dflash::reresolved_yaml(dflash::to_yaml(dflash::parse_config("", "t.yaml", {})), "old");
+  const auto ch = dflash::identity_changes(lr, now, "old");
+  ASSERT_EQ(ch.size(), 1u);
+  EXPECT_EQ(ch[0].key, "train.lr");
+  // a key this build does not know: compared as written (the caller names it as a change)
+  const std::string unknown = "bogus_section:\n  x: 1\n" + now;
+  EXPECT_EQ(dflash::reresolved_yaml(unknown, "old"), unknown);
 }

@@ -43,6 +43,9 @@ std::map<std::string, std::string> flatten_config_yaml(const std::string& yaml, 
 bool is_identity_key(const std::string& k) {
   if (starts_with(k, "log.") || starts_with(k, "comm.") || starts_with(k, "checkpoint.") || starts_with(k, "eval."))
     return false;  // eval: evaluation during training watches the run, the losses are the same (tests/eval)
+  // how the same math is executed: the attention path, its backward and the LM head's chunking change rounding
+  // and speed, not the run (a run may move to a card without the kernel; a new default must not strand a run)
+  if (k == "drafter.attention" || k == "drafter.attention_backward" || k == "drafter.loss_chunk") return false;
   return k != "run.name" && k != "run.dir" && k != "run.cpu_threads" && k != "run.overwrite" &&
          k != "run.accept_changes";
 }
@@ -75,6 +78,14 @@ std::string identity_hash_of_yaml(const std::string& yaml, const std::string& or
 }
 
 std::string identity_hash(const Config& cfg) { return identity_hash_of_yaml(to_yaml(cfg), "resolved config"); }
+
+std::string reresolved_yaml(const std::string& yaml, const std::string& origin) {
+  try {
+    return to_yaml(parse_config(yaml, origin, {}));
+  } catch (const UserError&) {
+    return yaml;  // a key this build no longer has, or a value it refuses: compared as written
+  }
+}
 
 std::vector<ConfigChange> identity_changes(const std::string& before_yaml, const std::string& after_yaml,
                                            const std::string& origin) {

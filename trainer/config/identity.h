@@ -4,7 +4,8 @@
 // Owns the rule: a run is identified by every key of the resolved config except those that
 // only change how it is watched or where it runs: the sections log, comm, checkpoint and eval, and
 // run.name, run.dir (a moved directory is the same run), run.cpu_threads, run.overwrite,
-// run.accept_changes. Two launches with the same
+// run.accept_changes, and the keys that pick how the same math runs: drafter.attention,
+// drafter.attention_backward, drafter.loss_chunk (rounding and speed differ, the run does not). Two launches with the same
 // identity are the same run (a requeued job auto-resumes); anything else is another run.
 // Schedule keys are the identity keys that move the step count, the learning-rate schedule or
 // the batch stream (train.max_steps, train.epochs, train.lr, train.warmup_ratio, run.seed,
@@ -31,6 +32,10 @@ bool is_schedule_key(const std::string& key);
 std::string identity_text(const std::map<std::string, std::string>& flat);
 std::string identity_hash(const Config& cfg);
 std::string identity_hash_of_yaml(const std::string& yaml, const std::string& origin);
+// A resolved config recorded by an older build, parsed and resolved again by this one: keys added
+// since take their defaults, so that a new key (at its default) does not make it another run. As
+// written if this build refuses it (a removed key, a value no longer valid).
+std::string reresolved_yaml(const std::string& yaml, const std::string& origin);
 
 struct ConfigChange {
   std::string key, before, after;

@@ -142,15 +142,16 @@ RunDirDecision inspect_run_dir(const Config& cfg, bool resume_flag) {
     d.run_id = rj->run_id;
     d.created = rj->created;
     d.history = rj->history;
-    d.before_yaml = rj->config_yaml;
+    d.before_yaml = reresolved_yaml(rj->config_yaml, run_file);  // an older build's run: its new keys at defaults
   } else if (state) {
     d.before_yaml = state_config(state_dir);
+    if (!d.before_yaml.empty()) d.before_yaml = reresolved_yaml(d.before_yaml, state_dir);
   }
   const std::string now_yaml = to_yaml(cfg);
 
   const char* restarts = std::getenv("SLURM_RESTART_COUNT");
   if (cfg.run.overwrite && !resume_flag && restarts != nullptr && std::atoi(restarts) > 0 && rj && state &&
-      rj->config_hash == identity_hash(cfg)) {
+      identity_hash_of_yaml(d.before_yaml, run_file) == identity_hash(cfg)) {
     d.kind = RunDirDecision::Kind::AutoResume;
     d.resume = true;
     d.overwrite_ignored = fmt::format("run.overwrite=true ignored: this is restart {} of SLURM job {} and {} holds "
@@ -188,7 +189,9 @@ RunDirDecision inspect_run_dir(const Config& cfg, bool resume_flag) {
   }
   if (!occupied) return d;  // a new run
   const std::string hash = identity_hash(cfg);
-  if (rj && rj->config_hash == hash) {
+  // the recorded config under this build's rules, not run.json's config_hash: a build that adds a key or takes one out
+  // of the identity must not turn a requeued run into "another run"
+  if (rj && identity_hash_of_yaml(d.before_yaml, run_file) == hash) {
     d.kind = state ? RunDirDecision::Kind::AutoResume : RunDirDecision::Kind::SameRunRestart;
     d.resume = state.has_value();
     return d;
@@ -196,7 +199,7 @@ RunDirDecision inspect_run_dir(const Config& cfg, bool resume_flag) {
   std::string what;
   if (rj) {
     what = fmt::format("run {} (created {}, code {})", rj->run_id, rj->created, rj->code_version);
-    const auto ch = identity_changes(rj->config_yaml, now_yaml, run_file);
+    const auto ch = identity_changes(d.before_yaml, now_yaml, run_file);
     if (!ch.empty()) what += fmt::format(" whose config differs: {}", changes_text(ch, 4));
   } else {
     what = "a run without run.json (from an older dflash, or files put there by hand)";
