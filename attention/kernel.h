@@ -96,6 +96,10 @@ struct AttnParams {
   // end: every anchor after a key sees it) visit the same query tiles at the same time, so their Q/dO
   // loads and dQ partials meet in L2. launch_attn_bwd sets it from DFLASH_ATTN_BWD_DESCEND (default 1).
   int bwd_descend = 1;
+  // fused backward, fixed point: of each thread's 8 groups of 4 dQ elements, how many are rounded by F2I (a
+  // 16-per-clock unit) rather than by float adds (fix_round_fadd, the same integer); launch_attn_bwd sets it from
+  // DFLASH_ATTN_FIX_F2I (measurement knob).
+  int fix_f2i = 8;
   KernelMeta meta;
 };
 
