@@ -96,10 +96,6 @@ struct AttnParams {
   // end: every anchor after a key sees it) visit the same query tiles at the same time, so their Q/dO
   // loads and dQ partials meet in L2. launch_attn_bwd sets it from DFLASH_ATTN_BWD_DESCEND (default 1).
   int bwd_descend = 1;
-  // fused backward, fixed point: of each thread's 8 groups of 4 dQ elements, how many are rounded by F2I (a
-  // 16-per-clock unit) rather than by float adds (fix_round_fadd, the same integer); launch_attn_bwd sets it from
-  // DFLASH_ATTN_FIX_F2I (measurement knob).
-  int fix_f2i = 8;
   KernelMeta meta;
 };
 
@@ -155,9 +151,6 @@ int kernel_variant_from_env(const char* name, const int* allowed, int n, int fal
 // in this process: how a test tells them from the one-warpgroup kernels they fall back to where the
 // heads cannot be paired or TMA cannot describe a tensor.
 int64_t ws_launch_count();
-// Test hook (dq_sum.cu): fadd[i] = the fused pass's float-add rounding of x[i] s[i] (kernel/fix_round.cuh), f2i[i] =
-// __float2int_rn(x[i] * s[i]); n elements, device pointers, on `stream`.
-void fix_round_pair(const float* x, const float* s, int* fadd, int* f2i, int64_t n, void* stream);
 // Launches of the fused backward pass with its Q/dO loads by TMA (tests: it ran, not its cp.async fallback).
 int64_t fused_tma_launch_count();
 // Launches of the split backward's dK/dV pass with its Q/dO loads by TMA (bwd_sm90.cu; tests: it ran, not its

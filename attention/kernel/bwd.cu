@@ -565,10 +565,6 @@ void launch_attn_bwd_stage(const AttnParams& params, int stage, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
   AttnParams p = params;
   p.bwd_descend = bwd_descend();
-  {
-    static constexpr int kAllowed[] = {0, 1, 2, 3, 4, 5, 6, 7, 8};
-    p.fix_f2i = kernel_variant_from_env("DFLASH_ATTN_FIX_F2I", kAllowed, 9, 8);
-  }
   // The fused pass's fixed-point dQ: the row scales and K/V maxima live in dq_accum after the sum (dq_accum_numel).
   p.dq_row_scale = nullptr;
   p.kv_max = nullptr;

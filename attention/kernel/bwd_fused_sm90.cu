@@ -41,7 +41,6 @@
 
 #include "attention/kernel.h"
 #include "core/launch_check.h"
-#include "attention/kernel/fix_round.cuh"
 #include "attention/kernel/common.cuh"
 #include "attention/kernel/wgmma.cuh"
 #include "attention/kernel/bwd_item.cuh"
@@ -261,12 +260,8 @@ __global__ void __launch_bounds__(kFThreads, 1)
       int4* dst = reinterpret_cast<int4*>(gbase + S::kDq0 + buf * S::kDq) + wg * 8 * 128 + wt;
 #pragma unroll
       for (int j = 0; j < 8; ++j)
-        if (j < p.fix_f2i)  // F2I and the float unit in parallel (fix_round_fadd)
-          dst[j * 128] = make_int4(__float2int_rn(dq[j][0] * sa), __float2int_rn(dq[j][1] * sa),
-                                   __float2int_rn(dq[j][2] * sb), __float2int_rn(dq[j][3] * sb));
-        else
-          dst[j * 128] = make_int4(fix_round_fadd(dq[j][0], sa), fix_round_fadd(dq[j][1], sa),
-                                   fix_round_fadd(dq[j][2], sb), fix_round_fadd(dq[j][3], sb));
+        dst[j * 128] = make_int4(__float2int_rn(dq[j][0] * sa), __float2int_rn(dq[j][1] * sa),
+                                 __float2int_rn(dq[j][2] * sb), __float2int_rn(dq[j][3] * sb));
     } else {
       float4* dst = reinterpret_cast<float4*>(gbase + S::kDq0 + buf * S::kDq) + wg * 8 * 128 + wt;
 #pragma unroll

@@ -9,7 +9,6 @@
 #include "attention/kernel.h"
 #include "core/launch_check.h"
 #include "attention/kernel/common.cuh"
-#include "attention/kernel/fix_round.cuh"
 
 namespace dflash::attention {
 
@@ -111,20 +110,8 @@ __global__ void dq_from_accum_kernel(const AttnParams p) {
   *reinterpret_cast<uint4*>(static_cast<bf16*>(p.dq) + b * p.dq_sb + h * p.dq_sh + (int64_t)r * p.dq_sr + c8 * 8) = out;
 }
 
-__global__ void fix_round_pair_kernel(const float* x, const float* s, int* fadd, int* f2i, int64_t n) {
-  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
-    fadd[i] = fix_round_fadd(x[i], s[i]);
-    f2i[i] = __float2int_rn(x[i] * s[i]);
-  }
-}
 
 }  // namespace
-
-void fix_round_pair(const float* x, const float* s, int* fadd, int* f2i, int64_t n, void* stream) {
-  fix_round_pair_kernel<<<(unsigned)std::min<int64_t>((n + 255) / 256, 4096), 256, 0,
-                          static_cast<cudaStream_t>(stream)>>>(x, s, fadd, f2i, n);
-  DFLASH_CHECK_LAUNCH("fixed-point rounding test hook");
-}
 
 // d = 128 only (the fused pass's head dim; bwd.cu checks before it sets p.dq_row_scale).
 void launch_kv_max(const AttnParams& p, void* stream) {
