@@ -3,7 +3,8 @@
 # builds nothing of the project but the version stamp, so that run_all.sh does not build everything):
 # bench/micro/red_bench.cu, the rate at which a backward can add fp32 dQ partials into global memory
 # (plain stores, red.global.add .f32 / .v2.f32, and FlashAttention-3's way: the tile staged in
-# shared memory and added by one TMA bulk reduce-add; attention/kernel/NOTES.md "Tried: the fused
+# shared memory and added by one TMA bulk reduce-add, and that add as int32 .add.u32: the fused backward's fixed point,
+# NOTES.md v18; attention/kernel/NOTES.md "Tried: the fused
 # backward" for why that rate decides the 5-product backward); bench/micro/wgmma_bench.cu, the tensor cores'
 # rate by product shape with the operands in shared memory (NOTES.md v13: what the backward's 64 x 64
 # products can reach at all).

@@ -10,7 +10,9 @@
 // bulk reduce-add (cp.reduce.async.bulk .add.f32, sm_90), so the SM issues one instruction per tile
 // instead of 4096 reductions. The global tile then holds the accumulators in the order the threads
 // wrote them (float2 of thread t, step i at [i][t]: conflict-free stores); a dQ pass built on it
-// would undo that order in its final conversion to bf16.
+// would undo that order in its final conversion to bf16. A fifth column adds the same tiles as int32 by the bulk
+// .add.u32 (the fused backward's fixed-point dQ, attention/kernel/NOTES.md v17/v18): whether the L2's integer
+// reduction is slower per byte than its float one.
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a bench/micro/red_bench.cu -o red_bench
 //   (bash bench/gpu/run_all.sh micro)
 #include <cuda_runtime.h>
@@ -29,7 +31,7 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-template <int MODE>  // 0: store, 1: red.f32, 2: red.v2.f32, 3: smem + one bulk reduce-add per tile
+template <int MODE>  // 0: store, 1: red.f32, 2: red.v2.f32, 3: smem + one bulk reduce-add per tile, 4: as 3, .add.u32
 __global__ void __launch_bounds__(128) add_tiles(float* buf, int ntiles, int items, int group) {
   extern __shared__ __align__(128) float stage[];  // mode 3 only
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
@@ -39,20 +41,29 @@ __global__ void __launch_bounds__(128) add_tiles(float* buf, int ntiles, int ite
     const int tile = group ? ((cta / group) * 97 + it) % ntiles : (cta * 131 + it * 7919) % ntiles;
     float* t = buf + (size_t)tile * kTile;
     const float v = 1.0f + it;
-    if constexpr (MODE == 3) {
+    if constexpr (MODE >= 3) {
       float* sb = stage + (it & 1) * kTile;
       // the buffer's previous bulk reduce (item it - 2) has read it: at most one group in flight
       if (threadIdx.x == 0) asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory");
       __syncthreads();
 #pragma unroll
-      for (int i = 0; i < kTile / 256; ++i)
-        *reinterpret_cast<float2*>(sb + 2 * (i * 128 + threadIdx.x)) = make_float2(v, v);
+      for (int i = 0; i < kTile / 256; ++i) {
+        if constexpr (MODE == 3)
+          *reinterpret_cast<float2*>(sb + 2 * (i * 128 + threadIdx.x)) = make_float2(v, v);
+        else
+          *reinterpret_cast<int2*>(sb + 2 * (i * 128 + threadIdx.x)) = make_int2(1 + it, 1 + it);
+      }
       asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the stores, seen by the TMA unit
       __syncthreads();
       if (threadIdx.x == 0) {
-        asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(t),
-                     "r"(smem_addr(sb)), "r"((int)(kTile * sizeof(float)))
-                     : "memory");
+        if constexpr (MODE == 3)
+          asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(t),
+                       "r"(smem_addr(sb)), "r"((int)(kTile * sizeof(float)))
+                       : "memory");
+        else
+          asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.u32 [%0], [%1], %2;" ::"l"(t),
+                       "r"(smem_addr(sb)), "r"((int)(kTile * sizeof(float)))
+                       : "memory");
         asm volatile("cp.async.bulk.commit_group;" ::: "memory");
       }
     } else {
@@ -74,7 +85,7 @@ __global__ void __launch_bounds__(128) add_tiles(float* buf, int ntiles, int ite
       }
     }
   }
-  if constexpr (MODE == 3)
+  if constexpr (MODE >= 3)
     if (threadIdx.x == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }
 
@@ -83,8 +94,8 @@ double run(float* buf, int ntiles, int ctas, int items, int group) {
   cudaEvent_t a, b;
   cudaEventCreate(&a);
   cudaEventCreate(&b);
-  const int smem = MODE == 3 ? kBulkSmem : 0;
-  if (MODE == 3) cudaFuncSetAttribute(add_tiles<MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  const int smem = MODE >= 3 ? kBulkSmem : 0;
+  if (MODE >= 3) cudaFuncSetAttribute(add_tiles<MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   add_tiles<MODE><<<ctas, 128, smem>>>(buf, ntiles, items, group);  // warm-up
   cudaEventRecord(a);
   for (int r = 0; r < 3; ++r) add_tiles<MODE><<<ctas, 128, smem>>>(buf, ntiles, items, group);
@@ -120,17 +131,32 @@ int main() {
         return 1;
       }
     std::printf("bulk reduce-add check: tiles added, not stored (2 and 4 after two runs)\n");
+    cudaMemset(buf, 0, (size_t)ntiles * kTile * sizeof(float));  // the same as int32 adds
+    cudaFuncSetAttribute(add_tiles<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, kBulkSmem);
+    for (int r = 0; r < 2; ++r) add_tiles<4><<<1, 128, kBulkSmem>>>(buf, ntiles, 2, 0);
+    static int n[2][kTile];
+    cudaMemcpy(n[0], buf, sizeof(n[0]), cudaMemcpyDeviceToHost);
+    cudaMemcpy(n[1], buf + (size_t)(7919 % ntiles) * kTile, sizeof(n[1]), cudaMemcpyDeviceToHost);
+    for (int i = 0; i < kTile; ++i)
+      if (n[0][i] != 2 || n[1][i] != 4) {
+        std::fprintf(stderr, "bulk .add.u32 check failed at element %d: %d and %d, expected 2 and 4\n", i, n[0][i],
+                     n[1][i]);
+        return 1;
+      }
+    std::printf("bulk .add.u32 check: int32 tiles added (2 and 4 after two runs)\n");
   }
   cudaMemset(buf, 0, (size_t)ntiles * kTile * sizeof(float));
   const int ctas = 132 * 8, items = 64;
-  std::printf("| pattern | store GB/s | red.f32 GB/s | red.v2.f32 GB/s | bulk reduce-add GB/s |\n|---|---|---|---|---|\n");
+  std::printf("| pattern | store GB/s | red.f32 GB/s | red.v2.f32 GB/s | bulk reduce-add GB/s | bulk .add.u32 GB/s |\n"
+              "|---|---|---|---|---|---|\n");
   for (int group : {0, 8, 64, 264}) {
     const double s = run<0>(buf, ntiles, ctas, items, group);
     const double r1 = run<1>(buf, ntiles, ctas, items, group);
     const double r2 = run<2>(buf, ntiles, ctas, items, group);
     const double r3 = run<3>(buf, ntiles, ctas, items, group);
-    if (group) std::printf("| %d CTAs share each walk | %.0f | %.0f | %.0f | %.0f |\n", group, s, r1, r2, r3);
-    else std::printf("| spread | %.0f | %.0f | %.0f | %.0f |\n", s, r1, r2, r3);
+    const double r4 = run<4>(buf, ntiles, ctas, items, group);
+    if (group) std::printf("| %d CTAs share each walk | %.0f | %.0f | %.0f | %.0f | %.0f |\n", group, s, r1, r2, r3, r4);
+    else std::printf("| spread | %.0f | %.0f | %.0f | %.0f | %.0f |\n", s, r1, r2, r3, r4);
   }
   const cudaError_t e = cudaDeviceSynchronize();
   if (e != cudaSuccess) {
