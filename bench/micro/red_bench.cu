@@ -107,6 +107,25 @@ double run(float* buf, int ntiles, int ctas, int items, int group) {
   return bytes / (ms * 1e-3) / 1e9;  // GB/s
 }
 
+// Runs add_tiles<MODE> twice with one CTA and two items on a zeroed buffer: tile 0 must hold 2 and tile 7919 4 (as T).
+template <int MODE, class T>
+bool check_bulk_adds(float* buf, int ntiles, const char* what) {
+  cudaMemset(buf, 0, (size_t)ntiles * kTile * sizeof(float));
+  cudaFuncSetAttribute(add_tiles<MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, kBulkSmem);
+  for (int r = 0; r < 2; ++r) add_tiles<MODE><<<1, 128, kBulkSmem>>>(buf, ntiles, 2, 0);
+  static T h[2][kTile];
+  cudaMemcpy(h[0], buf, sizeof(h[0]), cudaMemcpyDeviceToHost);
+  cudaMemcpy(h[1], buf + (size_t)(7919 % ntiles) * kTile, sizeof(h[1]), cudaMemcpyDeviceToHost);
+  for (int i = 0; i < kTile; ++i)
+    if (h[0][i] != T(2) || h[1][i] != T(4)) {
+      std::fprintf(stderr, "%s check failed at element %d: %g and %g, expected 2 and 4\n", what, i, (double)h[0][i],
+                   (double)h[1][i]);
+      return false;
+    }
+  std::printf("%s check: tiles added, not stored (2 and 4 after two runs)\n", what);
+  return true;
+}
+
 }  // namespace
 
 int main() {
@@ -116,35 +135,11 @@ int main() {
     std::fprintf(stderr, "cudaMalloc failed\n");
     return 1;
   }
-  // The bulk reduce adds (not stores): one CTA, two items (tile 0 gets 1, tile 7919 gets 2), twice.
-  {
-    cudaMemset(buf, 0, (size_t)ntiles * kTile * sizeof(float));
-    cudaFuncSetAttribute(add_tiles<3>, cudaFuncAttributeMaxDynamicSharedMemorySize, kBulkSmem);
-    for (int r = 0; r < 2; ++r) add_tiles<3><<<1, 128, kBulkSmem>>>(buf, ntiles, 2, 0);
-    static float h[2][kTile];
-    cudaMemcpy(h[0], buf, sizeof(h[0]), cudaMemcpyDeviceToHost);
-    cudaMemcpy(h[1], buf + (size_t)(7919 % ntiles) * kTile, sizeof(h[1]), cudaMemcpyDeviceToHost);
-    for (int i = 0; i < kTile; ++i)
-      if (h[0][i] != 2.f || h[1][i] != 4.f) {
-        std::fprintf(stderr, "bulk reduce-add check failed at element %d: %g and %g, expected 2 and 4\n", i, h[0][i],
-                     h[1][i]);
-        return 1;
-      }
-    std::printf("bulk reduce-add check: tiles added, not stored (2 and 4 after two runs)\n");
-    cudaMemset(buf, 0, (size_t)ntiles * kTile * sizeof(float));  // the same as int32 adds
-    cudaFuncSetAttribute(add_tiles<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, kBulkSmem);
-    for (int r = 0; r < 2; ++r) add_tiles<4><<<1, 128, kBulkSmem>>>(buf, ntiles, 2, 0);
-    static int n[2][kTile];
-    cudaMemcpy(n[0], buf, sizeof(n[0]), cudaMemcpyDeviceToHost);
-    cudaMemcpy(n[1], buf + (size_t)(7919 % ntiles) * kTile, sizeof(n[1]), cudaMemcpyDeviceToHost);
-    for (int i = 0; i < kTile; ++i)
-      if (n[0][i] != 2 || n[1][i] != 4) {
-        std::fprintf(stderr, "bulk .add.u32 check failed at element %d: %d and %d, expected 2 and 4\n", i, n[0][i],
-                     n[1][i]);
-        return 1;
-      }
-    std::printf("bulk .add.u32 check: int32 tiles added (2 and 4 after two runs)\n");
-  }
+  // The bulk reduce adds (not stores), as fp32 and as int32: one CTA, two items (tile 0 gets 1, tile 7919 gets 2),
+  // twice.
+  if (!check_bulk_adds<3, float>(buf, ntiles, "bulk reduce-add") ||
+      !check_bulk_adds<4, int>(buf, ntiles, "bulk .add.u32"))
+    return 1;
   cudaMemset(buf, 0, (size_t)ntiles * kTile * sizeof(float));
   const int ctas = 132 * 8, items = 64;
   std::printf("| pattern | store GB/s | red.f32 GB/s | red.v2.f32 GB/s | bulk reduce-add GB/s | bulk .add.u32 GB/s |\n"
