@@ -33,7 +33,7 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
 
 template <int MODE>  // 0: store, 1: red.f32, 2: red.v2.f32, 3: smem + one bulk reduce-add per tile, 4: as 3, .add.u32
 __global__ void __launch_bounds__(128) add_tiles(float* buf, int ntiles, int items, int group) {
-  extern __shared__ __align__(128) float stage[];  // mode 3 only
+  extern __shared__ __align__(128) float stage[];  // modes 3 and 4 only
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t4 = lane & 3;
   const int cta = blockIdx.x;
   for (int it = 0; it < items; ++it) {
