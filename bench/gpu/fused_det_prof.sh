@@ -7,6 +7,7 @@
 #      cycles, instructions and pipe shares at one clock, so that the power cap cannot move them;
 #   3. bench/patches/fused_trace.patch applied to a copy of the tree, built with -DDFLASH_FUSED_TRACE in its own
 #      folder: per phase of the item loop, the cycles of each warpgroup, DET=1 and 0.
+# DFLASH_FDP_PARTS="1 2 3" (the default) picks the parts.
 #   bash bench/gpu/fused_det_prof.sh BUILD_DIR OUT_DIR     (bash bench/gpu/run_all.sh fused_det_prof; not in the
 #   default set: *_prof)
 # targets: attention_bench
@@ -17,9 +18,11 @@ bench_setup fused_det_prof /tmp/dflash-fused-det-prof "$@"
 bench_need_gpus 1
 rc=0
 export DFLASH_ATTN_DKV_VARIANT=7 DFLASH_ATTN_FUSED_TMA=1
+PARTS=" ${DFLASH_FDP_PARTS:-1 2 3} "   # which of 1. 2. 3. to run
+part() { [[ "$PARTS" == *" $1 "* ]]; }
 
-echo "## 1. attention_bench long (fused backward), ms, and the clock beside it" | tee -a "$SUMMARY"
-for rep in 1 2; do
+part 1 && echo "## 1. attention_bench long (fused backward), ms, and the clock beside it" | tee -a "$SUMMARY"
+part 1 && for rep in 1 2; do
   for det in 1 0; do
     n=det${det}_$rep
     gpu_watch_start "$n"
@@ -30,6 +33,7 @@ for rep in 1 2; do
   done
 done
 
+if part 2; then
 echo "## 2. ncu, fused pass alone, clocks locked to base" | tee -a "$SUMMARY"
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
 if [ -z "$NCU" ]; then
@@ -45,7 +49,9 @@ else
         "$OUT/ncu_det$det.txt" | head -30; } | tee -a "$SUMMARY"
   done
 fi
+fi
 
+part 3 || exit $rc
 echo "## 3. trace (bench/patches/fused_trace.patch), cycles per phase" | tee -a "$SUMMARY"
 SRC=/tmp/dflash-trace-src
 TB=/tmp/dflash-trace-build
@@ -53,7 +59,7 @@ rm -rf "$SRC"; mkdir -p "$SRC"
 tar --exclude=./.git --exclude=./build --exclude=./.venv -cf - . | tar -xf - -C "$SRC"
 if (cd "$SRC" && patch -p1 --quiet < bench/patches/fused_trace.patch); then
   t0=$(date +%s)
-  { cmake -S "$SRC" -B "$TB" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDFLASH_PYTHON="$PY" -DDFLASH_CUDA_ARCHS=90a \
+  { cmake -S "$SRC" -B "$TB" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDFLASH_PYTHON="$(command -v "$PY")" -DDFLASH_CUDA_ARCHS=90a \
       -DCMAKE_CUDA_FLAGS=-DDFLASH_FUSED_TRACE && ninja -C "$TB" -j "$(nproc)" attention_bench; } > "$OUT/trace_build.log" 2>&1 \
     || { rc=1; tail -20 "$OUT/trace_build.log"; }
   echo "trace build: $(( $(date +%s) - t0 )) s" | tee -a "$SUMMARY"
