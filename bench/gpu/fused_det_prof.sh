@@ -21,8 +21,9 @@ export DFLASH_ATTN_DKV_VARIANT=7 DFLASH_ATTN_FUSED_TMA=1
 PARTS=" ${DFLASH_FDP_PARTS:-1 2 3} "   # which of 1. 2. 3. to run
 part() { [[ "$PARTS" == *" $1 "* ]]; }
 
-part 1 && echo "## 1. attention_bench long (fused backward), ms, and the clock beside it" | tee -a "$SUMMARY"
-part 1 && for rep in 1 2; do
+if part 1; then
+echo "## 1. attention_bench long (fused backward), ms, and the clock beside it" | tee -a "$SUMMARY"
+for rep in 1 2; do
   for det in 1 0; do
     n=det${det}_$rep
     gpu_watch_start "$n"
@@ -32,6 +33,7 @@ part 1 && for rep in 1 2; do
     { echo "--- $n"; grep -E "^\| long \| kernel" "$OUT/attention_$n.txt"; } | tee -a "$SUMMARY"
   done
 done
+fi
 
 if part 2; then
 echo "## 2. ncu, fused pass alone, clocks locked to base" | tee -a "$SUMMARY"
